@@ -1,0 +1,41 @@
+# occviz: `make run` serves the dashboard, `make test` runs the whole suite.
+# Needs only Python 3.12+ and make: the database is an embedded PostgreSQL.
+
+HOST ?= 127.0.0.1
+PORT ?= 8000
+WORKERS ?= 2
+VENV := .venv
+PY := $(VENV)/bin/python
+
+# The first Python that is 3.12 or newer (pyenv shims that are not active fail the check).
+PYTHON ?= $(shell for p in python3.12 python3.13 python3 $$(ls -d $$HOME/.pyenv/versions/3.1[2-9]*/bin/python3 2>/dev/null); do \
+	$$p -c 'import sys; sys.exit(sys.version_info < (3, 12))' >/dev/null 2>&1 && { echo $$p; break; }; done)
+
+.PHONY: run test lint typecheck check bench clean
+
+$(VENV)/.installed: requirements.txt
+	@test -n "$(PYTHON)" || { echo "occviz needs Python 3.12 or newer (python3.12, python3.13 or python3)"; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements.txt
+	touch $@
+
+run: $(VENV)/.installed
+	$(PY) manage.py serve --host $(HOST) --port $(PORT) --workers $(WORKERS)
+
+test: $(VENV)/.installed lint typecheck
+	$(PY) manage.py makemigrations --check --dry-run
+	$(PY) -m pytest
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+typecheck: $(VENV)/.installed
+	$(VENV)/bin/mypy
+
+bench: $(VENV)/.installed
+	$(PY) manage.py bench
+
+clean:
+	rm -rf $(VENV) .pgdata .pytest_cache .mypy_cache .ruff_cache

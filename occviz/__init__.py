@@ -1,0 +1,1 @@
+"""occviz: a dashboard that makes concurrency contention on PostgreSQL visible."""

@@ -1,0 +1,76 @@
+"""Retry policies: how long a writer waits before its next attempt, and when it gives up.
+
+The Kubernetes presets are client-go's (k8s.io/client-go/util/retry):
+
+    DefaultRetry   = wait.Backoff{Steps: 5, Duration: 10ms, Factor: 1.0, Jitter: 0.1}
+    DefaultBackoff = wait.Backoff{Steps: 4, Duration: 10ms, Factor: 5.0, Jitter: 0.1}
+
+client-go's jitter only lengthens a wait: `d + rand * jitter * d`. Its Steps count
+attempts; here `max_attempts` does, and defaults to the preset's Steps. Past the
+preset's last step the wait stays at that step's length.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    name: str
+    max_attempts: int
+    base_ms: float = 0.0
+    factor: float = 1.0
+    jitter: float = 0.0
+    steps: int = 0
+    """Number of growing waits in a client-go preset (0: grow until cap_ms)."""
+    cap_ms: float = 0.0
+    """exponential: the longest wait; the wait is drawn uniformly in [0, min(cap, base * factor^n)]."""
+    full_jitter: bool = False
+
+    def bounds_ms(self, retry: int) -> tuple[float, float]:
+        """The shortest and longest wait before retry number `retry` (1 = the wait after the first failure)."""
+        if self.base_ms == 0:
+            return 0.0, 0.0
+        growth = retry - 1 if self.steps == 0 else min(retry, self.steps) - 1
+        nominal = self.base_ms * self.factor**growth
+        if self.cap_ms:
+            nominal = min(nominal, self.cap_ms)
+        if self.full_jitter:
+            return 0.0, nominal
+        return nominal, nominal * (1 + self.jitter)
+
+    def wait_ms(self, retry: int, rng: random.Random) -> float:
+        low, high = self.bounds_ms(retry)
+        return low + rng.random() * (high - low)
+
+
+# Each preset with its default max_attempts (client-go's Steps for the Kubernetes ones).
+PRESETS: dict[str, int] = {
+    "immediate": 10,
+    "k8s-default-retry": 5,
+    "k8s-default-backoff": 4,
+    "exponential": 10,
+}
+
+
+def make_policy(
+    name: str,
+    max_attempts: int | None = None,
+    *,
+    base_ms: float = 10.0,
+    factor: float = 2.0,
+    cap_ms: float = 1000.0,
+) -> RetryPolicy:
+    """Build a policy by preset name; `base_ms`, `factor` and `cap_ms` apply to `exponential` only."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown retry policy {name!r}: choose one of {', '.join(PRESETS)}")
+    attempts = max_attempts if max_attempts is not None else PRESETS[name]
+    if name == "immediate":
+        return RetryPolicy(name, attempts)
+    if name == "k8s-default-retry":
+        return RetryPolicy(name, attempts, base_ms=10.0, factor=1.0, jitter=0.1, steps=5)
+    if name == "k8s-default-backoff":
+        return RetryPolicy(name, attempts, base_ms=10.0, factor=5.0, jitter=0.1, steps=4)
+    return RetryPolicy(name, attempts, base_ms=base_ms, factor=factor, cap_ms=cap_ms, full_jitter=True)

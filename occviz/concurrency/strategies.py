@@ -1,0 +1,267 @@
+"""The five ways a writer can increment a versioned counter, each recording what it did.
+
+    none          read, modify, blind write: updates are lost, and counted
+    occ           read, modify, compare-and-swap; a zero-row match is a conflict, retried by policy
+    pessimistic   SELECT ... FOR UPDATE (or FOR SHARE) inside a transaction; lock waits measured
+    serializable  a SERIALIZABLE (or REPEATABLE READ) transaction; SQLSTATE 40001 is retried
+    atomic        UPDATE ... SET value = value + 1: no read-modify-write at all
+
+Each strategy is a function `(writer, row, op) -> bool` (True when the increment
+committed). The retrying ones share `_with_retries`, so `occ`, `pessimistic` and
+`serializable` count attempts, waits and give-ups the same way.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.db import DatabaseError, connection, transaction
+
+from occviz.concurrency.retry import RetryPolicy
+from occviz.jobs.recorder import EventRecorder
+from occviz.store.cas import ANY, Add, compare_and_swap
+from occviz.store.models import Counter
+
+# A row-lock acquisition this slow was a wait behind another holder, not just the round trip.
+LOCK_WAIT_THRESHOLD_MS = 1.0
+
+_RETRYABLE_SQLSTATES = {
+    "40001": "serialization_failure",
+    "40P01": "deadlock",
+    "55P03": "lock_timeout",
+}
+
+
+@dataclass
+class Writer:
+    """One actor's view of the job: its number, connection, policy and clocks."""
+
+    number: int
+    recorder: EventRecorder
+    policy: RetryPolicy
+    think_ms: float
+    stop: threading.Event
+    rng: random.Random
+    lock_mode: str = "update"
+    isolation: str = "serializable"
+    lock_timeout_ms: int = 10_000
+    cursor: Any = field(default=None, repr=False)
+
+    def record(self, op: int, attempt: int, kind: str, row: int | None, **fields: Any) -> None:
+        self.recorder.record(self.number, op, attempt, kind, row, **fields)
+
+    def pause(self, ms: float) -> bool:
+        """Sleep `ms` unless the job is stopped meanwhile; False if it was."""
+        if ms <= 0:
+            return not self.stop.is_set()
+        return not self.stop.wait(ms / 1000.0)
+
+
+class Retryable(Exception):
+    """An attempt that failed in a way the policy retries: a conflict, a serialization failure, ..."""
+
+    def __init__(self, kind: str, **fields: Any) -> None:
+        super().__init__(kind)
+        self.kind = kind
+        self.fields = fields
+
+
+def _conflict_message(row: int) -> str:
+    return (
+        f'Operation cannot be fulfilled on counters "{row}": the object has been modified; '
+        "please apply your changes to the latest version and try again"
+    )
+
+
+def _read(writer: Writer, row: int, op: int, attempt: int, lock: str = "") -> tuple[int, int, float]:
+    started = time.perf_counter()
+    writer.cursor.execute(f"SELECT value, resource_version FROM store_counter WHERE id = %s{lock}", [row])
+    value, version = writer.cursor.fetchone()
+    took_ms = (time.perf_counter() - started) * 1000.0
+    writer.record(op, attempt, "read", row, version_read=version, value_read=value, duration_ms=took_ms)
+    return value, version, took_ms
+
+
+def _committed(writer: Writer, row: int, op: int, attempt: int, started: float, **fields: Any) -> bool:
+    writer.record(op, attempt, "committed", row, latency_ms=(time.perf_counter() - started) * 1000.0, **fields)
+    return True
+
+
+def _with_retries(writer: Writer, row: int, op: int, attempt_once: Callable[[int, float], bool]) -> bool:
+    started = time.perf_counter()
+    policy = writer.policy
+    for attempt in range(1, policy.max_attempts + 1):
+        try:
+            return attempt_once(attempt, started)
+        except Retryable as failure:
+            writer.record(op, attempt, failure.kind, row, **failure.fields)
+        except DatabaseError as error:
+            kind = _RETRYABLE_SQLSTATES.get(getattr(error.__cause__, "sqlstate", None) or "")
+            if kind is None:
+                raise
+            writer.record(op, attempt, kind, row, detail={"message": str(error).strip()})
+        if attempt == policy.max_attempts:
+            writer.record(op, attempt, "gave_up", row, detail={"attempts": attempt})
+            return False
+        wait_ms = policy.wait_ms(attempt, writer.rng)
+        writer.record(op, attempt, "retry", row, duration_ms=wait_ms, detail={"next_attempt": attempt + 1})
+        if not writer.pause(wait_ms):
+            return False
+    return False
+
+
+def none(writer: Writer, row: int, op: int) -> bool:
+    started = time.perf_counter()
+    value, version, _ = _read(writer, row, op, 1)
+    if not writer.pause(writer.think_ms):
+        return False
+    t = time.perf_counter()
+    (written,) = compare_and_swap(Counter, row, ANY, {"value": value + 1}, cursor=writer.cursor)  # type: ignore[misc]
+    # Versions that landed between our read and our write were overwritten by it.
+    overwrote = written - version - 1
+    return _committed(
+        writer,
+        row,
+        op,
+        1,
+        started,
+        version_read=version,
+        version_written=written,
+        value_read=value,
+        value_written=value + 1,
+        duration_ms=(time.perf_counter() - t) * 1000.0,
+        detail={"overwrote": overwrote} if overwrote else None,
+    )
+
+
+def occ(writer: Writer, row: int, op: int) -> bool:
+    def attempt_once(attempt: int, started: float) -> bool:
+        value, version, _ = _read(writer, row, op, attempt)
+        if not writer.pause(writer.think_ms):
+            return False
+        t = time.perf_counter()
+        result = compare_and_swap(Counter, row, version, {"value": value + 1}, cursor=writer.cursor)
+        took_ms = (time.perf_counter() - t) * 1000.0
+        if result is None:
+            raise Retryable(
+                "conflict",
+                version_read=version,
+                value_read=value,
+                duration_ms=took_ms,
+                detail={"message": _conflict_message(row)},
+            )
+        return _committed(
+            writer,
+            row,
+            op,
+            attempt,
+            started,
+            version_read=version,
+            version_written=result[0],
+            value_read=value,
+            value_written=value + 1,
+            duration_ms=took_ms,
+        )
+
+    return _with_retries(writer, row, op, attempt_once)
+
+
+def pessimistic(writer: Writer, row: int, op: int) -> bool:
+    clause = " FOR SHARE" if writer.lock_mode == "share" else " FOR UPDATE"
+
+    def attempt_once(attempt: int, started: float) -> bool:
+        with transaction.atomic():
+            # SET LOCAL: the timeout ends with this transaction, never leaks to the next one.
+            writer.cursor.execute(f"SET LOCAL lock_timeout = {int(writer.lock_timeout_ms)}")
+            value, version, waited_ms = _read(writer, row, op, attempt, clause)
+            if waited_ms >= LOCK_WAIT_THRESHOLD_MS:
+                writer.record(op, attempt, "lock_wait", row, duration_ms=waited_ms, detail={"lock": clause.strip()})
+            if not writer.pause(writer.think_ms):
+                return False
+            t = time.perf_counter()
+            result = compare_and_swap(Counter, row, version, {"value": value + 1}, cursor=writer.cursor)
+            if result is None:  # cannot happen under FOR UPDATE; FOR SHARE deadlocks before it gets here
+                raise Retryable("conflict", version_read=version, value_read=value)
+        return _committed(
+            writer,
+            row,
+            op,
+            attempt,
+            started,
+            version_read=version,
+            version_written=result[0],
+            value_read=value,
+            value_written=value + 1,
+            duration_ms=(time.perf_counter() - t) * 1000.0,
+        )
+
+    return _with_retries(writer, row, op, attempt_once)
+
+
+def serializable(writer: Writer, row: int, op: int) -> bool:
+    level = "REPEATABLE READ" if writer.isolation == "repeatable-read" else "SERIALIZABLE"
+
+    def attempt_once(attempt: int, started: float) -> bool:
+        with transaction.atomic():
+            writer.cursor.execute(f"SET TRANSACTION ISOLATION LEVEL {level}")
+            value, version, _ = _read(writer, row, op, attempt)
+            if not writer.pause(writer.think_ms):
+                return False
+            t = time.perf_counter()
+            result = compare_and_swap(Counter, row, version, {"value": value + 1}, cursor=writer.cursor)
+            if result is None:
+                raise Retryable("conflict", version_read=version, value_read=value)
+        # The commit itself can fail with 40001: only after it is this increment committed.
+        return _committed(
+            writer,
+            row,
+            op,
+            attempt,
+            started,
+            version_read=version,
+            version_written=result[0],
+            value_read=value,
+            value_written=value + 1,
+            duration_ms=(time.perf_counter() - t) * 1000.0,
+        )
+
+    return _with_retries(writer, row, op, attempt_once)
+
+
+def atomic(writer: Writer, row: int, op: int) -> bool:
+    started = time.perf_counter()
+    written, value = compare_and_swap(  # type: ignore[misc]
+        Counter, row, ANY, {"value": Add(1)}, returning=("resource_version", "value"), cursor=writer.cursor
+    )
+    return _committed(
+        writer,
+        row,
+        op,
+        1,
+        started,
+        version_read=written - 1,
+        version_written=written,
+        value_written=value,
+        duration_ms=(time.perf_counter() - started) * 1000.0,
+    )
+
+
+STRATEGIES: dict[str, Callable[[Writer, int, int], bool]] = {
+    "none": none,
+    "occ": occ,
+    "pessimistic": pessimistic,
+    "serializable": serializable,
+    "atomic": atomic,
+}
+PROTECTED = frozenset({"occ", "pessimistic", "serializable", "atomic"})
+
+
+def open_cursor(writer: Writer) -> None:
+    """Connect before the barrier, so connecting is not part of the race."""
+    connection.ensure_connection()
+    writer.cursor = connection.cursor()

@@ -1,0 +1,165 @@
+"""The event recorder: actors append, one flusher per job writes batches to PostgreSQL.
+
+Actors must not wait on the event store, so `record()` only appends to an
+in-process deque (append and popleft are atomic, no lock needed). A flusher thread
+drains it every `interval` seconds, numbers the events with the job's sequence,
+COPYs them in and moves `Job.last_seq` in the same transaction, so a reader that
+sees `last_seq = n` finds every event up to n. The same statement reads the job's
+cancel flag, which is how a cancel reaches the actors (`on_cancel`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from django.db import connection, transaction
+
+logger = logging.getLogger(__name__)
+
+EVENT_COLUMNS = (
+    "t_ms",
+    "actor",
+    "op",
+    "attempt",
+    "kind",
+    "row",
+    "version_read",
+    "version_written",
+    "value_read",
+    "value_written",
+    "duration_ms",
+    "latency_ms",
+    "detail",
+)
+_COPY = f"COPY jobs_event (job_id, seq, {', '.join(EVENT_COLUMNS)}) FROM STDIN"
+_KIND = EVENT_COLUMNS.index("kind")
+_DURATION = EVENT_COLUMNS.index("duration_ms")
+
+# (seq_from, seq_to, events, running totals by kind) after each stored batch
+FlushListener = Callable[[int, int, Sequence[tuple[Any, ...]], dict[str, int]], None]
+
+
+class EventRecorder:
+    def __init__(self, job_id: int, *, interval: float = 0.1, last_seq: int = 0) -> None:
+        self.job_id = job_id
+        self.interval = interval
+        self.last_seq = last_seq
+        self.totals: Counter[str] = Counter()
+        self.durations_ms: Counter[str] = Counter()
+        self.on_cancel: Callable[[], None] = lambda: None
+        self.listeners: list[FlushListener] = []
+        self._queue: deque[tuple[Any, ...]] = deque()
+        self._t0 = time.perf_counter()
+        self._stop = threading.Event()
+        self._flush_lock = threading.Lock()  # the flusher thread, and a caller that needs everything stored now
+        self._thread = threading.Thread(target=self._run, name=f"job-{job_id}-flusher", daemon=True)
+
+    def start_clock(self) -> None:
+        """Event times are measured from here: the moment the actors are released."""
+        self._t0 = time.perf_counter()
+
+    def now_ms(self) -> float:
+        return (time.perf_counter() - self._t0) * 1000.0
+
+    def record(
+        self,
+        actor: int,
+        op: int,
+        attempt: int,
+        kind: str,
+        row: int | None = None,
+        *,
+        version_read: int | None = None,
+        version_written: int | None = None,
+        value_read: int | None = None,
+        value_written: int | None = None,
+        duration_ms: float | None = None,
+        latency_ms: float | None = None,
+        detail: dict[str, Any] | None = None,
+        t_ms: float | None = None,
+    ) -> None:
+        self._queue.append(
+            (
+                self.now_ms() if t_ms is None else t_ms,
+                actor,
+                op,
+                attempt,
+                kind,
+                row,
+                version_read,
+                version_written,
+                value_read,
+                value_written,
+                duration_ms,
+                latency_ms,
+                json.dumps(detail) if detail else "{}",
+            )
+        )
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the flusher after it has stored everything recorded so far."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        else:
+            self.flush()
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.wait(self.interval):
+                try:
+                    self.flush()
+                except Exception:
+                    # PostgreSQL restarting, say: the batch went back on the queue; try again next tick.
+                    logger.exception("job %s: storing events failed, retrying", self.job_id)
+                    connection.close()
+            self.flush()
+        finally:
+            connection.close()
+
+    def flush(self) -> None:
+        """Store what has been recorded so far (safe to call from any thread)."""
+        with self._flush_lock:
+            self._flush()
+
+    def _flush(self) -> None:
+        batch = [self._queue.popleft() for _ in range(len(self._queue))]
+        seq_from = self.last_seq + 1
+        seq_to = self.last_seq + len(batch)
+        try:
+            with transaction.atomic(), connection.cursor() as cursor:
+                if batch:
+                    with cursor.copy(_COPY) as copy:
+                        for seq, event in enumerate(batch, start=seq_from):
+                            copy.write_row((self.job_id, seq, *event))
+                    cursor.execute(
+                        "UPDATE jobs_job SET last_seq = %s WHERE id = %s RETURNING cancel_requested",
+                        [seq_to, self.job_id],
+                    )
+                else:
+                    cursor.execute("SELECT cancel_requested FROM jobs_job WHERE id = %s", [self.job_id])
+                row = cursor.fetchone()
+        except Exception:
+            self._queue.extendleft(reversed(batch))
+            raise
+        if row is not None and row[0]:
+            self.on_cancel()
+        if not batch:
+            return
+        self.last_seq = seq_to
+        for event in batch:
+            kind = event[_KIND]
+            self.totals[kind] += 1
+            if event[_DURATION] is not None:
+                self.durations_ms[kind] += event[_DURATION]
+        for listener in self.listeners:
+            listener(seq_from, seq_to, batch, dict(self.totals))

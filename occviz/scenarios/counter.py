@@ -1,0 +1,231 @@
+"""The counter race: N writers x M increments (or S seconds) over K counter rows.
+
+Every writer increments a randomly chosen row of the job's own K rows with the
+chosen strategy. At the end the job checks its invariant against the rows:
+protected strategies must show final = initial + committed; `none` must have
+counted its lost updates exactly (every committed blind write moved the version
+once, so versions written minus value gained is the number of updates erased).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from typing import TYPE_CHECKING, Any
+
+from django import forms
+from django.db import connection
+
+from occviz.concurrency.retry import PRESETS, make_policy
+from occviz.concurrency.strategies import PROTECTED, STRATEGIES, Writer, open_cursor
+from occviz.scenarios.base import check_limit
+from occviz.store.models import Counter
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from occviz.jobs.models import Job
+    from occviz.jobs.runner import Actor, JobContext
+
+name = "counter"
+title = "Counter race"
+summary = "N writers increment the same rows at once: watch conflicts, retries, lock waits and lost updates."
+
+DEFAULT_INCREMENTS = 100
+
+
+class CounterForm(forms.Form):
+    strategy = forms.ChoiceField(choices=[(s, s) for s in STRATEGIES])
+    writers = forms.IntegerField(min_value=1, initial=4)
+    increments = forms.IntegerField(min_value=1, required=False, help_text="Per writer; leave empty with seconds.")
+    seconds = forms.FloatField(min_value=0.1, required=False, help_text="Run for a duration instead.")
+    rows = forms.IntegerField(min_value=1, required=False, initial=1)
+    think_ms = forms.FloatField(min_value=0, required=False, initial=0, label="Think time (ms)")
+    retry = forms.ChoiceField(choices=[(p, p) for p in PRESETS], required=False, initial="k8s-default-backoff")
+    max_attempts = forms.IntegerField(min_value=1, required=False)
+    base_ms = forms.FloatField(min_value=0, required=False, initial=10.0, label="Exponential base (ms)")
+    factor = forms.FloatField(min_value=1.0, required=False, initial=2.0, label="Exponential factor")
+    cap_ms = forms.FloatField(min_value=0, required=False, initial=1000.0, label="Exponential cap (ms)")
+    lock = forms.ChoiceField(
+        choices=[("update", "FOR UPDATE"), ("share", "FOR SHARE")], required=False, initial="update"
+    )
+    isolation = forms.ChoiceField(
+        choices=[("serializable", "SERIALIZABLE"), ("repeatable-read", "REPEATABLE READ")],
+        required=False,
+        initial="serializable",
+    )
+    initial_value = forms.IntegerField(required=False, initial=0, min_value=-(2**62), max_value=2**62)
+    seed = forms.IntegerField(required=False, min_value=0, help_text="Seed for row choice and jitter.")
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        for field_name, field in self.fields.items():
+            if data.get(field_name) in (None, "") and field.initial is not None:
+                data[field_name] = field.initial
+        if data.get("increments") is not None and data.get("seconds") is not None:
+            self.add_error("seconds", "Give increments or seconds, not both.")
+        elif data.get("increments") is None and data.get("seconds") is None:
+            data["increments"] = DEFAULT_INCREMENTS
+        check_limit(self, "writers", data.get("writers"), "OCCVIZ_MAX_WRITERS", "writers")
+        check_limit(self, "increments", data.get("increments"), "OCCVIZ_MAX_INCREMENTS", "increments per writer")
+        check_limit(self, "seconds", data.get("seconds"), "OCCVIZ_MAX_SECONDS", "seconds")
+        check_limit(self, "rows", data.get("rows"), "OCCVIZ_MAX_ROWS", "rows")
+        check_limit(self, "think_ms", data.get("think_ms"), "OCCVIZ_MAX_THINK_MS", "ms of think time")
+        check_limit(self, "max_attempts", data.get("max_attempts"), "OCCVIZ_MAX_ATTEMPTS", "attempts")
+        if data.get("increments") and data.get("think_ms") and not self.errors:
+            from django.conf import settings
+
+            floor_s = data["increments"] * data["think_ms"] / 1000.0
+            if floor_s > settings.OCCVIZ_MAX_SECONDS:
+                self.add_error(
+                    "think_ms",
+                    f"{data['increments']} increments with {data['think_ms']:g} ms of think time take at least "
+                    f"{floor_s:.0f} s, more than the {settings.OCCVIZ_MAX_SECONDS} s a job may run.",
+                )
+        return data
+
+
+form_class = CounterForm
+
+
+def _make_rows(job: Job, params: dict[str, Any]) -> list[int]:
+    namespace = f"job-{job.pk}"
+    counters = Counter.objects.bulk_create(
+        Counter(namespace=namespace, name=f"row-{i}", value=params["initial_value"], job=job)
+        for i in range(1, params["rows"] + 1)
+    )
+    return [counter.pk for counter in counters]
+
+
+def run(job: Job, params: dict[str, Any], context: JobContext) -> dict[str, Any]:
+    rows = _make_rows(job, params)
+    policy = make_policy(
+        params["retry"],
+        params["max_attempts"],
+        base_ms=params["base_ms"],
+        factor=params["factor"],
+        cap_ms=params["cap_ms"],
+    )
+    increment = STRATEGIES[params["strategy"]]
+    seed = params["seed"] if params["seed"] is not None else random.randrange(2**32)
+    seconds = params["seconds"]
+
+    def writer_actor(number: int) -> Actor:
+        def act(ready: Callable[[], object]) -> None:
+            writer = Writer(
+                number=number,
+                recorder=context.recorder,
+                policy=policy,
+                think_ms=params["think_ms"],
+                stop=context.stop,
+                rng=random.Random(seed * 1_000 + number),
+                lock_mode=params["lock"],
+                isolation=params["isolation"],
+            )
+            open_cursor(writer)
+            ready()
+            deadline = time.perf_counter() + seconds if seconds else None
+            op = 0
+            while not context.stop.is_set():
+                if deadline is None and op >= params["increments"]:
+                    break
+                if deadline is not None and time.perf_counter() >= deadline:
+                    break
+                op += 1
+                row = rows[0] if len(rows) == 1 else writer.rng.choice(rows)
+                increment(writer, row, op)
+
+        return act
+
+    context.run_actors([writer_actor(n) for n in range(1, params["writers"] + 1)])
+    return summarize(job, params, rows, context.elapsed_s, seed)
+
+
+def _percentiles(values: list[float | None]) -> dict[str, float | None]:
+    p50, p95, p99 = values if values else (None, None, None)
+    return {"p50": _round(p50), "p95": _round(p95), "p99": _round(p99)}
+
+
+def _round(value: float | None, digits: int = 3) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def summarize(job: Job, params: dict[str, Any], rows: list[int], elapsed_s: float, seed: int) -> dict[str, Any]:
+    """The job's figures, counted from its stored events and checked against its rows."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT kind, count(*), coalesce(sum(duration_ms), 0) FROM jobs_event WHERE job_id = %s GROUP BY kind",
+            [job.pk],
+        )
+        by_kind = {kind: (count, total_ms) for kind, count, total_ms in cursor.fetchall()}
+        cursor.execute(
+            "SELECT percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDER BY latency_ms) "
+            "FROM jobs_event WHERE job_id = %s AND kind = 'committed'",
+            [job.pk],
+        )
+        latency = cursor.fetchone()[0]
+        cursor.execute(
+            "SELECT coalesce(sum(value), 0)::bigint, coalesce(sum(resource_version), 0)::bigint, count(*) "
+            "FROM store_counter WHERE id = ANY(%s)",
+            [rows],
+        )
+        final_value, final_versions, row_count = cursor.fetchone()
+
+    def count(kind: str) -> int:
+        return int(by_kind.get(kind, (0, 0.0))[0])
+
+    committed = count("committed")
+    conflicts = count("conflict")
+    failures = conflicts + count("serialization_failure") + count("deadlock") + count("lock_timeout")
+    initial_value = params["initial_value"] * len(rows)
+    gained = final_value - initial_value
+    # Each committed write, blind or not, moved its row's version by exactly one.
+    versions_written = final_versions - row_count
+    lost = committed - gained
+    strategy = params["strategy"]
+    if strategy in PROTECTED:
+        ok = lost == 0 and versions_written == committed
+        verdict = (
+            f"final {final_value} = initial {initial_value} + {committed} committed: no update lost"
+            if ok
+            else f"final {final_value} != initial {initial_value} + {committed} committed: {lost} updates lost"
+        )
+    else:
+        ok = versions_written == committed
+        verdict = (
+            f"{committed} blind writes committed, the value rose by {gained}: {lost} updates lost, "
+            f"counted exactly (the rows' versions confirm {versions_written} writes)"
+            if ok
+            else f"the job counted {committed} writes but the rows' versions show {versions_written}"
+        )
+    return {
+        "scenario": name,
+        "strategy": strategy,
+        "retry": params["retry"] if strategy in {"occ", "pessimistic", "serializable"} else None,
+        "max_attempts": params["max_attempts"],
+        "writers": params["writers"],
+        "rows": len(rows),
+        "increments": params["increments"],
+        "seconds": params["seconds"],
+        "think_ms": params["think_ms"],
+        "seed": seed,
+        "attempts": committed + failures,
+        "committed": committed,
+        "conflicts": conflicts,
+        "retries": count("retry"),
+        "gave_up": count("gave_up"),
+        "serialization_failures": count("serialization_failure"),
+        "deadlocks": count("deadlock"),
+        "lock_timeouts": count("lock_timeout"),
+        "lock_waits": count("lock_wait"),
+        "lock_wait_ms": round(float(by_kind.get("lock_wait", (0, 0.0))[1]), 3),
+        "errors": count("error"),
+        "initial_value": initial_value,
+        "final_value": final_value,
+        "lost_updates": lost,
+        "invariant_ok": ok,
+        "invariant": verdict,
+        "duration_s": round(elapsed_s, 4),
+        "commits_per_s": round(committed / elapsed_s, 1) if elapsed_s > 0 else 0.0,
+        "latency_ms": _percentiles(latency),
+    }

@@ -1,0 +1,134 @@
+"""occviz settings, read from the environment and validated at start.
+
+DATABASE_URL   any PostgreSQL; unset: the embedded PostgreSQL in .pgdata/
+REDIS_URL      channel layer on Redis; unset: PostgreSQL LISTEN/NOTIFY carries it
+SECRET_KEY, DEBUG, ALLOWED_HOSTS, CSRF_TRUSTED_ORIGINS
+OCCVIZ_MAX_*   the limits on one job (see occviz/jobs/limits.py)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from django.core.exceptions import ImproperlyConfigured
+
+from occviz.env import database_from_url, envbool, envint, envlist, envstr, redis_url
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+DEBUG = envbool("DEBUG", False)
+_DEV_SECRET = "occviz-development-key-not-for-production"
+SECRET_KEY = envstr("SECRET_KEY", _DEV_SECRET)
+if not SECRET_KEY.strip():
+    raise ImproperlyConfigured("SECRET_KEY is set but empty.")
+ALLOWED_HOSTS = envlist("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"])
+CSRF_TRUSTED_ORIGINS = envlist("CSRF_TRUSTED_ORIGINS", [])
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "channels",
+    "django_htmx",
+    "django_tasks_db",
+    "occviz",
+    "occviz.store",
+    "occviz.jobs",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+]
+
+ROOT_URLCONF = "occviz.urls"
+ASGI_APPLICATION = "occviz.asgi.application"
+WSGI_APPLICATION = "occviz.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+_database_url = envstr("DATABASE_URL", "")
+if _database_url:
+    _database = database_from_url(_database_url)
+else:
+    from occviz.embedded import ensure_embedded_postgres
+
+    _database = ensure_embedded_postgres(BASE_DIR / ".pgdata")
+DATABASES = {"default": {**_database, "CONN_MAX_AGE": 0, "TEST": {"NAME": envstr("TEST_DATABASE_NAME", "") or None}}}
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+TASKS = {"default": {"BACKEND": "django_tasks_db.DatabaseBackend"}}
+
+REDIS_URL = redis_url("REDIS_URL")
+if REDIS_URL:
+    CHANNEL_LAYERS = {
+        "default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [REDIS_URL]}},
+    }
+else:
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_postgres.core.PostgresChannelLayer",
+            # TIME_ZONE: the package reads it and fails silently without it.
+            "CONFIG": {**DATABASES["default"], "TIME_ZONE": None},
+        },
+    }
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+LOGIN_URL = "/admin/login/"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+
+STATIC_URL = "/static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = BASE_DIR / "staticfiles"
+WHITENOISE_USE_FINDERS = True
+
+# The limits on one job: a single user must not be able to take the machine down.
+OCCVIZ_MAX_WRITERS = envint("OCCVIZ_MAX_WRITERS", 64, maximum=256)
+OCCVIZ_MAX_INCREMENTS = envint("OCCVIZ_MAX_INCREMENTS", 10_000, maximum=1_000_000)
+OCCVIZ_MAX_ROWS = envint("OCCVIZ_MAX_ROWS", 64, maximum=10_000)
+OCCVIZ_MAX_SECONDS = envint("OCCVIZ_MAX_SECONDS", 300, maximum=86_400)
+OCCVIZ_MAX_THINK_MS = envint("OCCVIZ_MAX_THINK_MS", 5_000, maximum=600_000)
+OCCVIZ_MAX_ATTEMPTS = envint("OCCVIZ_MAX_ATTEMPTS", 1_000, maximum=1_000_000)
+OCCVIZ_WORKERS = envint("OCCVIZ_WORKERS", 2, maximum=32)
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "root": {"handlers": ["console"], "level": "WARNING"},
+    "loggers": {
+        "occviz": {"level": "INFO"},
+        "django_tasks_db": {"level": "INFO"},
+    },
+}
