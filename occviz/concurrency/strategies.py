@@ -16,16 +16,18 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db import DatabaseError, connection, transaction
+import psycopg
 
 from occviz.concurrency.retry import RetryPolicy
 from occviz.jobs.recorder import EventRecorder
 from occviz.store.cas import ANY, Add, compare_and_swap
 from occviz.store.models import Counter
+from occviz.store.session import PreparedSession
 
 # A row-lock acquisition this slow was a wait behind another holder, not just the round trip.
 LOCK_WAIT_THRESHOLD_MS = 1.0
@@ -50,7 +52,7 @@ class Writer:
     lock_mode: str = "update"
     isolation: str = "serializable"
     lock_timeout_ms: int = 10_000
-    cursor: Any = field(default=None, repr=False)
+    cursor: PreparedSession = field(init=False, repr=False)
 
     def record(self, op: int, attempt: int, kind: str, row: int | None, **fields: Any) -> None:
         self.recorder.record(self.number, op, attempt, kind, row, **fields)
@@ -81,7 +83,10 @@ def _conflict_message(row: int) -> str:
 def _read(writer: Writer, row: int, op: int, attempt: int, lock: str = "") -> tuple[int, int, float]:
     started = time.perf_counter()
     writer.cursor.execute(f"SELECT value, resource_version FROM store_counter WHERE id = %s{lock}", [row])
-    value, version = writer.cursor.fetchone()
+    found = writer.cursor.fetchone()
+    if found is None:
+        raise Counter.DoesNotExist(f"counter {row} was deleted while the job ran")
+    value, version = found
     took_ms = (time.perf_counter() - started) * 1000.0
     writer.record(op, attempt, "read", row, version_read=version, value_read=value, duration_ms=took_ms)
     return value, version, took_ms
@@ -100,8 +105,8 @@ def _with_retries(writer: Writer, row: int, op: int, attempt_once: Callable[[int
             return attempt_once(attempt, started)
         except Retryable as failure:
             writer.record(op, attempt, failure.kind, row, **failure.fields)
-        except DatabaseError as error:
-            kind = _RETRYABLE_SQLSTATES.get(getattr(error.__cause__, "sqlstate", None) or "")
+        except psycopg.Error as error:
+            kind = _RETRYABLE_SQLSTATES.get(error.sqlstate or "")
             if kind is None:
                 raise
             writer.record(op, attempt, kind, row, detail={"message": str(error).strip()})
@@ -175,7 +180,7 @@ def pessimistic(writer: Writer, row: int, op: int) -> bool:
     clause = " FOR SHARE" if writer.lock_mode == "share" else " FOR UPDATE"
 
     def attempt_once(attempt: int, started: float) -> bool:
-        with transaction.atomic():
+        with writer.cursor.transaction():
             # SET LOCAL: the timeout ends with this transaction, never leaks to the next one.
             writer.cursor.execute(f"SET LOCAL lock_timeout = {int(writer.lock_timeout_ms)}")
             value, version, waited_ms = _read(writer, row, op, attempt, clause)
@@ -207,8 +212,7 @@ def serializable(writer: Writer, row: int, op: int) -> bool:
     level = "REPEATABLE READ" if writer.isolation == "repeatable-read" else "SERIALIZABLE"
 
     def attempt_once(attempt: int, started: float) -> bool:
-        with transaction.atomic():
-            writer.cursor.execute(f"SET TRANSACTION ISOLATION LEVEL {level}")
+        with writer.cursor.transaction(level):
             value, version, _ = _read(writer, row, op, attempt)
             if not writer.pause(writer.think_ms):
                 return False
@@ -261,7 +265,11 @@ STRATEGIES: dict[str, Callable[[Writer, int, int], bool]] = {
 PROTECTED = frozenset({"occ", "pessimistic", "serializable", "atomic"})
 
 
-def open_cursor(writer: Writer) -> None:
-    """Connect before the barrier, so connecting is not part of the race."""
-    connection.ensure_connection()
-    writer.cursor = connection.cursor()
+@contextmanager
+def connected(writer: Writer) -> Iterator[Writer]:
+    """The writer with its own session, opened before the barrier so connecting is not part of the race."""
+    writer.cursor = PreparedSession()
+    try:
+        yield writer
+    finally:
+        writer.cursor.close()

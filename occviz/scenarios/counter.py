@@ -17,7 +17,7 @@ from django import forms
 from django.db import connection
 
 from occviz.concurrency.retry import PRESETS, make_policy
-from occviz.concurrency.strategies import PROTECTED, STRATEGIES, Writer, open_cursor
+from occviz.concurrency.strategies import PROTECTED, STRATEGIES, Writer, connected
 from occviz.scenarios.base import check_limit
 from occviz.store.models import Counter
 
@@ -122,18 +122,18 @@ def run(job: Job, params: dict[str, Any], context: JobContext) -> dict[str, Any]
                 lock_mode=params["lock"],
                 isolation=params["isolation"],
             )
-            open_cursor(writer)
-            ready()
-            deadline = time.perf_counter() + seconds if seconds else None
-            op = 0
-            while not context.stop.is_set():
-                if deadline is None and op >= params["increments"]:
-                    break
-                if deadline is not None and time.perf_counter() >= deadline:
-                    break
-                op += 1
-                row = rows[0] if len(rows) == 1 else writer.rng.choice(rows)
-                increment(writer, row, op)
+            with connected(writer):
+                ready()
+                deadline = time.perf_counter() + seconds if seconds else None
+                op = 0
+                while not context.stop.is_set():
+                    if deadline is None and op >= params["increments"]:
+                        break
+                    if deadline is not None and time.perf_counter() >= deadline:
+                        break
+                    op += 1
+                    row = rows[0] if len(rows) == 1 else writer.rng.choice(rows)
+                    increment(writer, row, op)
 
         return act
 

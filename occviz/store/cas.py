@@ -32,7 +32,7 @@ class Add:
 
 
 @functools.cache
-def _statement(
+def cas_statement(
     model: type[models.Model], columns: tuple[tuple[str, bool], ...], check_version: bool, returning: tuple[str, ...]
 ) -> str:
     meta = model._meta
@@ -66,7 +66,7 @@ def compare_and_swap(
     """
     columns = tuple((name, isinstance(value, Add)) for name, value in changes.items())
     check_version = expected_version is not ANY
-    sql = _statement(model, columns, check_version, tuple(returning))  # type: ignore[arg-type]
+    sql = cas_statement(model, columns, check_version, tuple(returning))  # type: ignore[arg-type]
     connection = connections[using]
     params: list[Any] = []
     for name, value in changes.items():

@@ -85,8 +85,16 @@ class Command(BaseCommand):
         for number in range(1, workers + 1):
             children.append(
                 subprocess.Popen(
-                    [sys.executable, MANAGE, "db_worker", "--no-reload", "--interval", "0.2"]
-                    + ["--worker-id", f"worker-{number}"],
+                    [
+                        sys.executable,
+                        MANAGE,
+                        "db_worker",
+                        "--no-reload",
+                        "--interval",
+                        "0.2",
+                        "--worker-id",
+                        f"w{number}",
+                    ],
                     start_new_session=True,
                 )
             )

