@@ -1,0 +1,117 @@
+"""Job lifecycle: queued, running, finished; cancel; the worker path through django.tasks."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from django.db import connections
+
+from occviz.jobs.models import Event, Job
+from occviz.jobs.runner import run_job
+from occviz.jobs.tasks import create_job, launch
+from tests.conftest import ROOT
+from tests.helpers import events
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def wait_for(predicate, timeout: float = 30.0, interval: float = 0.05) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(interval)
+    raise AssertionError("timed out waiting")
+
+
+def run_in_thread(job_id: int) -> None:
+    try:
+        run_job(job_id)
+    finally:
+        connections.close_all()
+
+
+def test_a_cancelled_job_stops_its_actors_and_keeps_its_events() -> None:
+    job = create_job("counter", {"strategy": "occ", "writers": 4, "seconds": 60, "think_ms": 2})
+    runner = threading.Thread(target=run_in_thread, args=(job.pk,))
+    runner.start()
+    wait_for(lambda: Job.objects.get(pk=job.pk).last_seq > 50)
+    asked = time.monotonic()
+    Job.objects.get(pk=job.pk).request_cancel()
+    runner.join(timeout=10)
+    assert not runner.is_alive(), "the actors must stop within moments of a cancel"
+    assert time.monotonic() - asked < 5
+    job.refresh_from_db()
+    assert job.status == Job.Status.CANCELLED
+    assert job.summary["stopped_by"] == "cancelled"
+    assert job.summary["invariant_ok"] is True
+    stored = Event.objects.filter(job=job).count()
+    assert stored == job.last_seq > 50
+    # Numbered 1..n without a hole.
+    assert list(Event.objects.filter(job=job).order_by("seq").values_list("seq", flat=True)) == list(
+        range(1, stored + 1)
+    )
+    time.sleep(0.3)
+    assert Event.objects.filter(job=job).count() == stored, "no actor writes after the job ended"
+
+
+def test_a_job_cancelled_while_queued_never_runs() -> None:
+    job = create_job("counter", {"strategy": "occ", "writers": 2, "increments": 5})
+    job.request_cancel()
+    assert job.status == Job.Status.CANCELLED
+    assert run_job(job.pk).status == Job.Status.CANCELLED
+    assert not Event.objects.filter(job=job).exists()
+
+
+def test_a_job_runs_only_once() -> None:
+    job = create_job("counter", {"strategy": "atomic", "writers": 2, "increments": 5})
+    assert run_job(job.pk).status == Job.Status.SUCCEEDED
+    seq = Job.objects.get(pk=job.pk).last_seq
+    assert run_job(job.pk).status == Job.Status.SUCCEEDED
+    assert Job.objects.get(pk=job.pk).last_seq == seq == 10
+
+
+def test_the_time_limit_stops_a_job(settings) -> None:  # type: ignore[no-untyped-def]
+    settings.OCCVIZ_MAX_SECONDS = 1
+    job = run_job(create_job("counter", {"strategy": "occ", "writers": 2, "increments": 10_000, "think_ms": 0.1}).pk)
+    assert job.status == Job.Status.SUCCEEDED
+    assert job.summary["stopped_by"] == "time limit"
+    assert job.summary["duration_s"] < 3
+    assert job.summary["invariant_ok"] is True
+
+
+def test_events_carry_versions_and_timings() -> None:
+    job = run_job(create_job("counter", {"strategy": "occ", "writers": 2, "increments": 10}).pk)
+    commit = events(job, "committed")[0]
+    assert commit.version_written == commit.version_read + 1
+    assert commit.value_written == commit.value_read + 1
+    assert commit.latency_ms > 0 and commit.duration_ms > 0 and commit.t_ms >= 0
+    reads = events(job, "read")
+    assert all(event.version_read is not None and event.duration_ms is not None for event in reads)
+    assert [event.seq for event in events(job)] == list(range(1, job.last_seq + 1))
+
+
+@pytest.mark.slow
+def test_a_launched_job_is_run_by_a_db_worker(database_url: str) -> None:
+    job = launch("counter", {"strategy": "occ", "writers": 4, "increments": 20})
+    assert Job.objects.get(pk=job.pk).task_id, "launch enqueues a django.tasks task"
+    worker = subprocess.Popen(
+        [sys.executable, str(ROOT / "manage.py"), "db_worker", "--no-reload", "--interval", "0.1"]
+        + ["--no-startup-delay", "--batch"],
+        cwd=ROOT,
+        env={**os.environ, "DATABASE_URL": database_url},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    output, _ = worker.communicate(timeout=120)
+    assert worker.returncode == 0, output
+    job.refresh_from_db()
+    assert job.status == Job.Status.SUCCEEDED, output
+    assert job.summary["committed"] == 80
+    assert job.summary["invariant_ok"] is True

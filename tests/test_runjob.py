@@ -1,0 +1,102 @@
+"""`manage.py runjob`, run as a user runs it: a child process, its stdout, its exit code."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from occviz.jobs.models import Job
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+SUMMARY_KEYS = {
+    "id",
+    "scenario",
+    "strategy",
+    "writers",
+    "attempts",
+    "committed",
+    "conflicts",
+    "retries",
+    "gave_up",
+    "lock_wait_ms",
+    "initial_value",
+    "final_value",
+    "lost_updates",
+    "invariant_ok",
+    "duration_s",
+    "commits_per_s",
+    "latency_ms",
+}
+
+
+def test_runjob_json_prints_one_summary_object_and_nothing_else(run_manage) -> None:  # type: ignore[no-untyped-def]
+    result = run_manage(
+        "runjob", "counter", "--writers", "8", "--increments", "20", "--rows", "1", "--strategy", "occ",
+        "--retry", "k8s-default-backoff", "--max-attempts", "10", "--think-ms", "0", "--json",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert summary.keys() >= SUMMARY_KEYS
+    assert set(summary["latency_ms"]) == {"p50", "p95", "p99"}
+    assert summary["strategy"] == "occ" and summary["writers"] == 8
+    assert summary["invariant_ok"] is True
+    job = Job.objects.get(pk=summary["id"])
+    assert job.status == Job.Status.SUCCEEDED
+    assert job.summary == summary, "the job is recorded like any other"
+
+
+def test_runjob_runs_for_a_duration(run_manage) -> None:  # type: ignore[no-untyped-def]
+    result = run_manage("runjob", "counter", "--strategy", "atomic", "--writers", "2", "--seconds", "1", "--json")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert 1.0 <= summary["duration_s"] < 3
+    assert summary["committed"] == summary["final_value"] > 0
+
+
+def test_runjob_without_json_prints_a_readable_summary(run_manage) -> None:  # type: ignore[no-untyped-def]
+    result = run_manage("runjob", "counter", "--strategy", "none", "--writers", "4", "--increments", "10")
+    assert result.returncode == 0, result.stderr
+    assert "strategy none" in result.stdout
+    assert "lost updates" in result.stdout
+    assert "invariant holds" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--strategy", "occ", "--writers", "0"], "--writers: Ensure this value is greater than or equal to 1"),
+        (["--strategy", "occ", "--writers", "100000"], "--writers: At most 64 writers"),
+        (["--strategy", "optimistic"], "invalid choice: 'optimistic'"),
+        (["--strategy", "occ", "--increments", "5", "--seconds", "2"], "not allowed with argument"),
+        (["--strategy", "occ", "--writers", "four"], "invalid int value: 'four'"),
+        (["--strategy", "occ", "--think-ms", "-1"], "--think-ms: Ensure this value is greater than or equal to 0"),
+        (["--strategy", "occ", "--retry", "forever"], "invalid choice: 'forever'"),
+        (["--strategy", "occ", "--max-attempts", "0"], "--max-attempts"),
+        (["--strategy", "occ", "--increments", "10000", "--think-ms", "1000"], "more than the 300 s a job may run"),
+        (["--strategy", "occ", "--bogus"], "unrecognized arguments: --bogus"),
+        ([], "the following arguments are required: --strategy"),
+    ],
+)
+def test_bad_flags_get_a_clear_error_exit_2_and_create_no_job(run_manage, flags, message) -> None:  # type: ignore[no-untyped-def]
+    result = run_manage("runjob", "counter", *flags, "--json")
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr
+    assert result.stdout == ""
+    assert not Job.objects.exists()
+
+
+def test_an_unknown_scenario_is_refused(run_manage) -> None:  # type: ignore[no-untyped-def]
+    result = run_manage("runjob", "lottery", "--json")
+    assert result.returncode == 2
+    assert "invalid choice: 'lottery'" in result.stderr
+
+
+def test_limits_come_from_the_environment(run_manage) -> None:  # type: ignore[no-untyped-def]
+    result = run_manage(
+        "runjob", "counter", "--strategy", "occ", "--writers", "3", "--json", env={"OCCVIZ_MAX_WRITERS": "2"}
+    )
+    assert result.returncode == 2
+    assert "--writers: At most 2 writers (the OCCVIZ_MAX_WRITERS limit)." in result.stderr
+    assert not Job.objects.exists()

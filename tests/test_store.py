@@ -1,0 +1,87 @@
+"""The versioned store: one compare-and-swap path, and nothing else moves a version."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from django.contrib.auth.models import User
+from django.test import Client
+
+from occviz.store.cas import ANY, Add, compare_and_swap
+from occviz.store.models import Counter, Lease, VersionConflict
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_compare_and_swap_writes_only_the_version_it_expects() -> None:
+    counter = Counter.objects.create(name="c", value=5)
+    assert compare_and_swap(Counter, counter.pk, 1, {"value": 6}) == (2,)
+    # A writer still holding version 1 is refused, and its change does not land.
+    assert compare_and_swap(Counter, counter.pk, 1, {"value": 100}) is None
+    counter.refresh_from_db()
+    assert (counter.value, counter.resource_version) == (6, 2)
+
+
+def test_blind_and_atomic_writes_still_move_the_version() -> None:
+    counter = Counter.objects.create(name="c", value=5)
+    assert compare_and_swap(Counter, counter.pk, ANY, {"value": 1}) == (2,)
+    assert compare_and_swap(Counter, counter.pk, ANY, {"value": Add(3)}, returning=("resource_version", "value")) == (
+        3,
+        4,
+    )
+
+
+def test_exactly_one_of_two_racing_writers_wins() -> None:
+    counter = Counter.objects.create(name="c")
+    barrier = threading.Barrier(8)
+    results: list[tuple[int, ...] | None] = []
+
+    def write(n: int) -> None:
+        barrier.wait()
+        results.append(compare_and_swap(Counter, counter.pk, 1, {"value": n}))
+        from django.db import connection
+
+        connection.close()
+
+    threads = [threading.Thread(target=write, args=(n,)) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(results, key=lambda r: r is None) == [(2,)] + [None] * 7
+
+
+def test_model_compare_and_swap_raises_the_kubernetes_conflict() -> None:
+    lease = Lease.objects.create(name="leader")
+    stale = Lease.objects.get(pk=lease.pk)
+    lease.compare_and_swap(holder_identity="a")
+    assert lease.resource_version == 2
+    with pytest.raises(VersionConflict) as conflict:
+        stale.compare_and_swap(holder_identity="b")
+    assert str(conflict.value) == (
+        'Operation cannot be fulfilled on leases "leader": the object has been modified; '
+        "please apply your changes to the latest version and try again"
+    )
+    assert Lease.objects.get(pk=lease.pk).holder_identity == "a"
+
+
+def test_a_plain_save_cannot_overwrite_a_versioned_object() -> None:
+    counter = Counter.objects.create(name="c")
+    counter.value = 10
+    with pytest.raises(TypeError, match="compare_and_swap"):
+        counter.save()
+    assert Counter.objects.get(pk=counter.pk).resource_version == 1
+
+
+def test_an_admin_edit_goes_through_compare_and_swap() -> None:
+    User.objects.create_superuser("admin", "admin@example.com", "pw-for-admin")
+    client = Client()
+    client.login(username="admin", password="pw-for-admin")
+    counter = Counter.objects.create(name="c", value=1)
+    response = client.post(
+        f"/admin/store/counter/{counter.pk}/change/", {"namespace": "default", "name": "c", "value": "42"}
+    )
+    assert response.status_code == 302
+    counter.refresh_from_db()
+    assert (counter.value, counter.resource_version) == (42, 2)
