@@ -35,9 +35,11 @@ INSTALLED_APPS = [
     "channels",
     "django_htmx",
     "django_tasks_db",
+    "channels_postgres",
     "occviz",
     "occviz.store",
     "occviz.jobs",
+    "occviz.live",
 ]
 
 MIDDLEWARE = [
@@ -79,6 +81,8 @@ else:
 
     _database = ensure_embedded_postgres(BASE_DIR / ".pgdata")
 DATABASES = {"default": {**_database, "CONN_MAX_AGE": 0, "TEST": {"NAME": envstr("TEST_DATABASE_NAME", "") or None}}}
+# channels-postgres deletes group members through this alias; it is the same database.
+DATABASES["channels_postgres"] = {**DATABASES["default"], "TEST": {"MIRROR": "default"}}
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

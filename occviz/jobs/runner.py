@@ -21,6 +21,7 @@ from django.utils import timezone
 
 from occviz.jobs.models import Job
 from occviz.jobs.recorder import EventRecorder
+from occviz.live.publish import JobPublisher, publish_status
 from occviz.scenarios import SCENARIOS
 
 logger = logging.getLogger(__name__)
@@ -93,6 +94,7 @@ def run_job(job_id: int) -> Job:
         return job
     scenario = SCENARIOS[job.scenario]
     recorder = EventRecorder(job.pk, last_seq=job.last_seq)
+    recorder.listeners.append(JobPublisher(job))
     context = JobContext(job, recorder)
     recorder.start()
     summary: dict[str, Any] | None = None
@@ -118,8 +120,10 @@ def run_job(job_id: int) -> Job:
         Job.Status.RUNNING,
         status,
         finished_at=timezone.now(),
+        last_seq=recorder.last_seq,
         summary=summary,
         invariant_ok=None if summary is None else summary["invariant_ok"],
         error=error,
     )
+    publish_status(job, recorder.last_seq)
     return job

@@ -1,0 +1,243 @@
+"""The two websockets of a job: the JSON event stream for programs, the htmx fragments for the job page.
+
+Both check the session's user (AuthMiddlewareStack) and, in asgi.py, the origin;
+both follow the job through this process's JobFeed and read the store only for
+history the feed does not hold. Neither computes anything about the job: totals,
+rows and verdicts come in the frames and the job row; these classes only send or
+render them. The protocol is documented in docs/live-protocol.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections import deque
+from collections.abc import AsyncIterator
+from typing import Any
+from urllib.parse import parse_qs
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from django.template.loader import render_to_string
+
+from occviz.live.feeds import JobFeed, JobState, aread_job_state, subscribe, unsubscribe
+from occviz.live.frames import Frame, StoreReader, Totals
+from occviz.live.logtext import log_lines
+
+# Close codes (4000-4999 are the application's own; see docs/live-protocol.md).
+CLOSE_NOT_SIGNED_IN = 4401
+CLOSE_FORBIDDEN = 4403
+CLOSE_NOT_FOUND = 4404
+CLOSE_BAD_REQUEST = 4400
+
+MAX_CLIENT_MESSAGE = 1000  # characters: anything longer is not a message this protocol knows
+
+
+class _JobSocket(AsyncJsonWebsocketConsumer):
+    """Shared by both sockets: who may connect, which job, and following it frame by frame."""
+
+    state: JobState
+    feed: JobFeed | None = None
+
+    async def connect(self) -> None:
+        # Accept before refusing, so the client gets a close code and reason instead of a bare HTTP 403.
+        await self.accept()
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated:
+            await self.refuse(CLOSE_NOT_SIGNED_IN, "not signed in: open the socket with your session cookie")
+            return
+        job_id = int(self.scope["url_route"]["kwargs"]["job_id"])
+        state = await aread_job_state(job_id)
+        if state is None:
+            await self.refuse(CLOSE_NOT_FOUND, f"job {job_id} does not exist")
+            return
+        self.state = state
+        await self.start()
+
+    async def start(self) -> None:
+        raise NotImplementedError
+
+    async def refuse(self, code: int, reason: str) -> None:
+        await self.close(code=code, reason=reason)
+
+    async def disconnect(self, code: int) -> None:
+        await self.stop_following()
+        if self.feed is not None:
+            feed, self.feed = self.feed, None
+            await unsubscribe(feed)
+
+    async def follow(self, after: int) -> AsyncIterator[list[Frame]]:
+        """Every frame after `after`, in order, each sequence number once, in batches; ends when the job has."""
+        if not self.state.finished and self.feed is None:
+            self.feed = await subscribe(self.state)
+        position = after
+        reader: StoreReader | None = None
+
+        async def read_store(upto: int) -> Frame | None:
+            nonlocal reader
+            if reader is None:
+                reader = StoreReader(self.state.info, position)
+            reader.seek(position)
+            return await database_sync_to_async(reader.next_frame)(upto)
+
+        while True:
+            feed = self.feed
+            if feed is None:  # a finished job: everything is in the store
+                frame = await read_store(self.state.last_seq)
+                if frame is None:
+                    return
+                position = frame["seq_to"]
+                yield [frame]
+                continue
+            changed = feed.changed  # taken before looking, so a change while we send is not missed
+            frames = feed.frames_after(position)
+            if frames:
+                position = frames[-1]["seq_to"]
+                yield frames
+                continue
+            if position < feed.window_after:  # history older than the feed's window
+                frame = await read_store(feed.window_after)
+                if frame is not None:
+                    position = frame["seq_to"]
+                    yield [frame]
+                    continue
+            if feed.ended and position >= feed.state.last_seq:
+                self.state = feed.state
+                return
+            await changed.wait()
+
+    _task: asyncio.Task[None] | None = None
+
+    def start_following(self, after: int) -> None:
+        self._task = asyncio.create_task(self._stream(after))
+
+    async def stop_following(self) -> None:
+        if self._task is not None:
+            task, self._task = self._task, None
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _stream(self, after: int) -> None:
+        raise NotImplementedError
+
+
+class JobEventsConsumer(_JobSocket):
+    """`/ws/jobs/<id>/events/?after=<seq>`: hello, frames from the store, end."""
+
+    async def refuse(self, code: int, reason: str) -> None:
+        await self.send_json({"type": "error", "code": code, "error": reason})
+        await self.close(code=code, reason=reason)
+
+    async def start(self) -> None:
+        query = parse_qs(self.scope.get("query_string", b"").decode("latin-1"))
+        raw_after = query.get("after", ["0"])[-1]
+        after = _sequence_number(raw_after)
+        if after is None:
+            await self.refuse(CLOSE_BAD_REQUEST, f"after={raw_after!r} is not a sequence number (a whole number >= 0)")
+            return
+        await self.send_json(self.state.hello(after))
+        self.start_following(after)
+
+    async def _stream(self, after: int) -> None:
+        async for frames in self.follow(after):
+            for frame in frames:
+                await self.send(text_data=_encoded(frame))
+        await self.send_json(self.state.end())
+        await self.close(code=1000)
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs: Any) -> None:
+        # Validated here, at the edge: a bad message gets an error back and changes nothing.
+        if text_data is None:
+            await self.error("binary messages are not part of this protocol: send JSON text")
+            return
+        if len(text_data) > MAX_CLIENT_MESSAGE:
+            await self.error(f"message too long ({len(text_data)} characters; at most {MAX_CLIENT_MESSAGE})")
+            return
+        try:
+            content = json.loads(text_data)
+        except ValueError:
+            await self.error('not JSON: send {"type": "resume", "after": <seq>}')
+            return
+        await self.receive_json(content)
+
+    async def receive_json(self, content: Any, **kwargs: Any) -> None:
+        if not isinstance(content, dict) or content.get("type") != "resume":
+            await self.error('unknown message: the only one is {"type": "resume", "after": <seq>}')
+            return
+        after = _sequence_number(content.get("after"))
+        if after is None or set(content) - {"type", "after"}:
+            await self.error('resume needs "after": a whole number >= 0, and nothing else')
+            return
+        await self.stop_following()
+        self.start_following(after)
+
+    async def error(self, message: str) -> None:
+        await self.send_json({"type": "error", "code": CLOSE_BAD_REQUEST, "error": message})
+
+
+def _sequence_number(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 18:
+        return int(value)
+    if isinstance(value, int) and 0 <= value < 2**63:
+        return value
+    return None
+
+
+def _encoded(frame: Frame) -> str:
+    return json.dumps(frame, separators=(",", ":"))
+
+
+class JobLiveConsumer(_JobSocket):
+    """`/ws/jobs/<id>/live/`: server-rendered fragments swapped in by htmx (`hx-swap-oob`)."""
+
+    LOG_LINES = 20
+    template = "live/job_live.html"
+
+    async def start(self) -> None:
+        self.lines: deque[tuple[int, str, str]] = deque(maxlen=self.LOG_LINES)
+        self.totals: Totals | None = None
+        self.rows: list[Any] = []
+        # The page shows the latest state: the last few events are enough to fill the log.
+        self.start_following(max(0, self.state.last_seq - self.LOG_LINES))
+
+    async def _stream(self, after: int) -> None:
+        await self.send(text_data=self.render("status"))
+        async for frames in self.follow(after):
+            for frame in frames:
+                self.lines.extend(log_lines(frame["events"][-self.LOG_LINES :]))
+            self.totals = frames[-1]["totals"]
+            self.rows = frames[-1]["rows"]
+            partials = ["counters", "rows", "log"]
+            if self.feed is not None and self.feed.state.status != self.state.status:  # queued -> running
+                self.state = self.feed.state
+                partials.append("status")
+            await self.send(text_data=self.render(*partials))
+        await self.send(text_data=self.render("status", "counters", "rows", "log"))
+        await self.close(code=1000)
+
+    def render(self, *partials: str) -> str:
+        context = {
+            "job": {
+                "id": self.state.info.id,
+                "scenario": self.state.info.scenario,
+                "strategy": self.state.info.strategy,
+                "status": self.state.status,
+                "finished": self.state.finished,
+                "summary": self.state.summary,
+                "invariant_ok": self.state.invariant_ok,
+            },
+            "totals": self.totals,
+            "rows": self.rows,
+            "lines": list(reversed(self.lines)),
+            "oob": True,
+        }
+        return "".join(render_to_string(f"{self.template}#{name}", context) for name in partials)
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs: Any) -> None:
+        # The htmx extension sends form values when a form inside the socket's element is submitted;
+        # this socket only pushes, so anything received is ignored.
+        return

@@ -1,0 +1,270 @@
+"""Job feeds: one per job per web process, so N viewers of a live job cost one read per batch, not N.
+
+A feed joins the channel group `job-<id>` once, and on each `job.progress` message
+reads the newly stored range from PostgreSQL once, as frames (at most
+MAX_EVENTS_PER_FRAME events each), which it keeps in a short in-memory window.
+Every viewer of the job in this process takes its frames from that window; only a
+viewer that is behind the window (it resumed from an old sequence number) reads
+the store itself, once, to catch up.
+
+The layer may drop messages, so the feed also polls the job row (one query a
+second per job, not per viewer) when the layer has been silent: a dropped progress
+message only delays frames, a dropped end message only delays the end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import weakref
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from channels.db import database_sync_to_async
+from channels.layers import get_channel_layer
+
+from occviz.jobs.models import Job
+from occviz.live.frames import Frame, JobInfo, RowState, StoreReader
+from occviz.live.publish import group_name
+
+logger = logging.getLogger(__name__)
+
+# The window of recent frames a feed keeps for viewers that are a little behind.
+WINDOW_EVENTS = 20_000
+# With no message from the layer for this long, the feed asks the job row itself.
+POLL_INTERVAL_S = 1.0
+
+
+@dataclass
+class JobState:
+    """A job's row as the live stream needs it."""
+
+    info: JobInfo
+    status: str
+    last_seq: int
+    summary: dict[str, Any] | None
+    invariant_ok: bool | None
+
+    @property
+    def finished(self) -> bool:
+        return self.status in Job.FINISHED
+
+    def hello(self, after: int) -> dict[str, Any]:
+        return {
+            "type": "hello",
+            "job": {
+                "id": self.info.id,
+                "scenario": self.info.scenario,
+                "strategy": self.info.strategy,
+                "status": self.status,
+                "params": self.info.params,
+                "last_seq": self.last_seq,
+            },
+            "after": after,
+        }
+
+    def end(self) -> dict[str, Any]:
+        return {"type": "end", "status": self.status, "summary": self.summary, "invariant_ok": self.invariant_ok}
+
+
+def read_job_state(job_id: int) -> JobState | None:
+    job = (
+        Job.objects.filter(pk=job_id)
+        .only("scenario", "strategy", "params", "status", "last_seq", "summary", "invariant_ok")
+        .first()
+    )
+    if job is None:
+        return None
+    return JobState(
+        info=JobInfo(id=job.pk, scenario=job.scenario, strategy=job.strategy, params=dict(job.params)),
+        status=job.status,
+        last_seq=job.last_seq,
+        summary=job.summary,
+        invariant_ok=job.invariant_ok,
+    )
+
+
+aread_job_state = database_sync_to_async(read_job_state)
+
+
+class JobFeed:
+    def __init__(self, state: JobState) -> None:
+        self.job_id = state.info.id
+        self.state = state
+        self.frames: deque[Frame] = deque()
+        self._window_events = 0
+        # Frames after this sequence number are (or will be) in the window; before it, viewers read the store.
+        self.window_after = state.last_seq
+        self.known_seq = state.last_seq
+        self.changed = asyncio.Event()
+        self._reader = StoreReader(state.info, state.last_seq)
+        self._rows: tuple[list[RowState], int | None] | None = None
+        self._advancing = asyncio.Lock()
+        self._heard = asyncio.Event()
+        self._channel = ""
+        self._tasks: list[asyncio.Task[None]] = []
+        self.viewers = 0
+
+    # -- what viewers read --------------------------------------------------------
+
+    @property
+    def ended(self) -> bool:
+        """The job is finished and every one of its events is in the window."""
+        return self.state.finished and self._reader.position >= self.state.last_seq
+
+    def frames_after(self, position: int) -> list[Frame]:
+        """The window's frames after `position`, contiguous from position + 1 (cut if one starts earlier)."""
+        found: list[Frame] = []
+        for frame in self.frames:
+            if frame["seq_to"] <= position:
+                continue
+            if not found and frame["seq_from"] > position + 1:
+                return []  # the window starts later: the viewer reads the store first
+            if frame["seq_from"] <= position:
+                events = [event for event in frame["events"] if event["seq"] > position]
+                frame = {**frame, "seq_from": events[0]["seq"], "events": events}
+            found.append(frame)
+        return found
+
+    # -- lifecycle ------------------------------------------------------------------
+
+    async def start(self) -> None:
+        layer = get_channel_layer()
+        if layer is not None:
+            try:
+                self._channel = await layer.new_channel()
+                await layer.group_add(group_name(self.job_id), self._channel)
+            except Exception:
+                logger.warning("live: job %s: channel layer unavailable, polling only", self.job_id, exc_info=True)
+                self._channel = ""
+        # Re-read after joining the group: a batch stored in between is not missed.
+        state = await aread_job_state(self.job_id)
+        if state is not None:
+            self._set_state(state)
+        if self._channel:
+            self._tasks.append(asyncio.create_task(self._listen()))
+        self._tasks.append(asyncio.create_task(self._poll()))
+        await self._advance()
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        layer = get_channel_layer()
+        if self._channel and layer is not None:
+            with contextlib.suppress(Exception):
+                await layer.group_discard(group_name(self.job_id), self._channel)
+
+    # -- keeping up -------------------------------------------------------------------
+
+    async def _listen(self) -> None:
+        layer = get_channel_layer()
+        assert layer is not None
+        while True:
+            try:
+                message = await layer.receive(self._channel)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                logger.warning("live: job %s: receiving from the layer failed", self.job_id, exc_info=True)
+                await asyncio.sleep(POLL_INTERVAL_S)
+                continue
+            self._heard.set()
+            try:
+                await self.handle(message)
+            except Exception:
+                logger.exception("live: job %s: handling %s failed", self.job_id, message.get("type"))
+
+    async def handle(self, message: dict[str, Any]) -> None:
+        if message.get("type") == "job.progress":
+            self.known_seq = max(self.known_seq, int(message["seq_to"]))
+            self._rows = (message["rows"], message["totals"].get("lost_updates"))
+            await self._advance()
+        elif message.get("type") == "job.status":
+            state = await aread_job_state(self.job_id)
+            if state is not None:
+                self._set_state(state)
+            await self._advance()
+
+    async def _poll(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._heard.wait(), POLL_INTERVAL_S)
+            if self._heard.is_set():
+                self._heard.clear()
+                continue
+            try:
+                state = await aread_job_state(self.job_id)
+                if state is not None and (state.status != self.state.status or state.last_seq > self.known_seq):
+                    self._set_state(state)
+                    self._rows = None  # the rows in hand are from the last message: read them afresh
+                    await self._advance()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                logger.warning("live: job %s: polling failed", self.job_id, exc_info=True)
+
+    def _set_state(self, state: JobState) -> None:
+        changed = state.status != self.state.status
+        self.state = state
+        self.known_seq = max(self.known_seq, state.last_seq)
+        if changed:
+            self._notify()
+
+    async def _advance(self) -> None:
+        """Read what is stored up to `known_seq` into the window, one frame per MAX_EVENTS_PER_FRAME events."""
+        async with self._advancing:
+            while self._reader.position < self.known_seq:
+                frame = await database_sync_to_async(self._reader.next_frame)(self.known_seq, self._rows)
+                if frame is None:
+                    break
+                self.frames.append(frame)
+                self._window_events += len(frame["events"])
+                while len(self.frames) > 1 and self._window_events - len(self.frames[0]["events"]) >= WINDOW_EVENTS:
+                    dropped = self.frames.popleft()
+                    self._window_events -= len(dropped["events"])
+                    self.window_after = dropped["seq_to"]
+                self._notify()
+            if self.ended:
+                self._notify()
+
+    def _notify(self) -> None:
+        # Viewers hold the event they waited on; a fresh one is armed for the next change.
+        changed, self.changed = self.changed, asyncio.Event()
+        changed.set()
+
+
+_feeds: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[int, JobFeed]] = weakref.WeakKeyDictionary()
+_starting: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = weakref.WeakKeyDictionary()
+
+
+async def subscribe(state: JobState) -> JobFeed:
+    """The feed of this job in this process (started on first use); pair with `unsubscribe`."""
+    loop = asyncio.get_running_loop()
+    feeds = _feeds.setdefault(loop, {})
+    async with _starting.setdefault(loop, asyncio.Lock()):
+        feed = feeds.get(state.info.id)
+        if feed is None:
+            feed = JobFeed(state)
+            feeds[state.info.id] = feed
+            try:
+                await feed.start()
+            except BaseException:
+                del feeds[state.info.id]
+                await feed.stop()
+                raise
+        feed.viewers += 1
+    return feed
+
+
+async def unsubscribe(feed: JobFeed) -> None:
+    loop = asyncio.get_running_loop()
+    feeds = _feeds.get(loop, {})
+    feed.viewers -= 1
+    if feed.viewers <= 0 and feeds.get(feed.job_id) is feed:
+        del feeds[feed.job_id]
+        await feed.stop()

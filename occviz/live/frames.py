@@ -1,0 +1,305 @@
+"""Frames: what a viewer of a job receives, built only from what PostgreSQL has stored.
+
+A frame covers the events `seq_from..seq_to` of one job, with the job's running
+totals as of `seq_to` and the contended rows as they were when the frame was built.
+The publisher (in the worker) and every reader (in the web processes) count the
+totals with the same `RunningTotals`, so a frame read back from the store after a
+reconnect carries the same figures as the live one did.
+
+All functions here are synchronous and use Django's connection: callers in async
+code wrap them in `database_sync_to_async`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections import Counter as Tally
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypedDict
+
+from django.db import connection
+
+from occviz.jobs.recorder import EVENT_COLUMNS
+
+# A frame never carries more events than this; a longer range becomes several frames.
+MAX_EVENTS_PER_FRAME = 2000
+# The contended rows shown in a frame (the sums behind lost_updates still cover all rows).
+MAX_ROWS_SHOWN = 64
+
+EVENT_FIELDS = ("seq", *EVENT_COLUMNS)
+_FAILURE_KINDS = ("conflict", "serialization_failure", "deadlock", "lock_timeout")
+
+
+class Percentiles(TypedDict):
+    p50: float | None
+    p95: float | None
+    p99: float | None
+
+
+class Totals(TypedDict):
+    events: int
+    attempts: int
+    committed: int
+    conflicts: int
+    retries: int
+    gave_up: int
+    lock_waits: int
+    lock_wait_ms: float
+    serialization_failures: int
+    deadlocks: int
+    lock_timeouts: int
+    errors: int
+    elapsed_ms: float
+    commits_per_s: float
+    latency_ms: Percentiles
+    lost_updates: int | None
+
+
+class RowState(TypedDict):
+    id: int
+    name: str
+    value: int
+    version: int
+
+
+class Frame(TypedDict):
+    type: str
+    job: int
+    seq_from: int
+    seq_to: int
+    events: list[dict[str, Any]]
+    totals: Totals
+    rows: list[RowState]
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """What the frame builders need to know about a job (read once, not per frame)."""
+
+    id: int
+    scenario: str
+    strategy: str
+    params: dict[str, Any]
+
+
+class LatencyHistogram:
+    """Latencies in log-spaced buckets 1% wide: bounded memory and work, percentiles within 0.5%.
+
+    The same bucket formula runs in SQL (`bucket_sql`), so a reader that starts in the
+    middle of a job loads the histogram of everything before it in one small query.
+    """
+
+    MIN_MS = 0.001
+    GROWTH = 1.01
+    _LOG_GROWTH = math.log(GROWTH)
+
+    def __init__(self) -> None:
+        self.buckets: Tally[int] = Tally()
+        self.count = 0
+
+    @classmethod
+    def bucket(cls, ms: float) -> int:
+        return math.floor(math.log(max(ms, cls.MIN_MS) / cls.MIN_MS) / cls._LOG_GROWTH)
+
+    @classmethod
+    def bucket_sql(cls, column: str) -> str:
+        return f"floor(ln(greatest({column}, {cls.MIN_MS}) / {cls.MIN_MS}) / ln({cls.GROWTH}))::int"
+
+    def add(self, ms: float) -> None:
+        self.buckets[self.bucket(ms)] += 1
+        self.count += 1
+
+    def add_bucket(self, bucket: int, count: int) -> None:
+        self.buckets[bucket] += count
+        self.count += count
+
+    def percentiles(self) -> Percentiles:
+        if not self.count:
+            return {"p50": None, "p95": None, "p99": None}
+        wanted = {"p50": 0.50, "p95": 0.95, "p99": 0.99}
+        found: dict[str, float] = {}
+        seen = 0
+        for bucket in sorted(self.buckets):
+            seen += self.buckets[bucket]
+            for name, q in wanted.items():
+                if name not in found and seen >= q * self.count:
+                    # the middle of the bucket, geometrically
+                    found[name] = round(self.MIN_MS * self.GROWTH ** (bucket + 0.5), 3)
+            if len(found) == len(wanted):
+                break
+        return {"p50": found["p50"], "p95": found["p95"], "p99": found["p99"]}
+
+
+class RunningTotals:
+    """A job's figures so far, counted event by event: O(events) per batch, O(1) memory."""
+
+    def __init__(self) -> None:
+        self.by_kind: Tally[str] = Tally()
+        self.lock_wait_ms = 0.0
+        self.elapsed_ms = 0.0
+        self.latency = LatencyHistogram()
+
+    @classmethod
+    def from_store(cls, job_id: int, upto: int) -> RunningTotals:
+        """The totals of the job's stored events up to `upto`, in two aggregate queries."""
+        totals = cls()
+        if upto <= 0:
+            return totals
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT kind, count(*), coalesce(sum(duration_ms), 0), max(t_ms) FROM jobs_event "
+                "WHERE job_id = %s AND seq <= %s GROUP BY kind",
+                [job_id, upto],
+            )
+            for kind, count, duration_ms, last_ms in cursor.fetchall():
+                totals.by_kind[kind] = count
+                if kind == "lock_wait":
+                    totals.lock_wait_ms = float(duration_ms)
+                totals.elapsed_ms = max(totals.elapsed_ms, float(last_ms or 0.0))
+            cursor.execute(
+                f"SELECT {LatencyHistogram.bucket_sql('latency_ms')}, count(*) FROM jobs_event "
+                "WHERE job_id = %s AND seq <= %s AND kind = 'committed' AND latency_ms IS NOT NULL GROUP BY 1",
+                [job_id, upto],
+            )
+            for bucket, count in cursor.fetchall():
+                totals.latency.add_bucket(bucket, count)
+        return totals
+
+    def add(self, events: Iterable[dict[str, Any]]) -> None:
+        for event in events:
+            kind = event["kind"]
+            self.by_kind[kind] += 1
+            if kind == "lock_wait" and event["duration_ms"] is not None:
+                self.lock_wait_ms += event["duration_ms"]
+            elif kind == "committed" and event["latency_ms"] is not None:
+                self.latency.add(event["latency_ms"])
+            self.elapsed_ms = max(self.elapsed_ms, event["t_ms"])
+
+    def snapshot(self, lost_updates: int | None) -> Totals:
+        count = self.by_kind
+        committed = count["committed"]
+        return {
+            "events": sum(count.values()),
+            "attempts": committed + sum(count[kind] for kind in _FAILURE_KINDS),
+            "committed": committed,
+            "conflicts": count["conflict"],
+            "retries": count["retry"],
+            "gave_up": count["gave_up"],
+            "lock_waits": count["lock_wait"],
+            "lock_wait_ms": round(self.lock_wait_ms, 3),
+            "serialization_failures": count["serialization_failure"],
+            "deadlocks": count["deadlock"],
+            "lock_timeouts": count["lock_timeout"],
+            "errors": count["error"],
+            "elapsed_ms": round(self.elapsed_ms, 3),
+            # over the job's own clock (the last event's time), so a replayed frame says what the live one said
+            "commits_per_s": round(committed * 1000.0 / self.elapsed_ms, 1) if self.elapsed_ms > 0 else 0.0,
+            "latency_ms": self.latency.percentiles(),
+            "lost_updates": lost_updates,
+        }
+
+
+def event_from_recorded(seq: int, recorded: Sequence[Any]) -> dict[str, Any]:
+    """An event as viewers see it, from a recorder batch tuple (EVENT_COLUMNS order, detail as JSON text)."""
+    event = dict(zip(EVENT_FIELDS, (seq, *recorded), strict=True))
+    detail = event["detail"]
+    event["detail"] = json.loads(detail) if isinstance(detail, str) else detail
+    return event
+
+
+def read_events(job_id: int, after: int, limit: int) -> list[dict[str, Any]]:
+    """The job's stored events with seq > after, in order, at most `limit` (the (job, seq) index serves it)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT {', '.join(EVENT_FIELDS)} FROM jobs_event WHERE job_id = %s AND seq > %s ORDER BY seq LIMIT %s",
+            [job_id, after, limit],
+        )
+        # A raw cursor returns jsonb as text (Django parses JSONField itself): parse detail as live frames do.
+        return [event_from_recorded(row[0], row[1:]) for row in cursor.fetchall()]
+
+
+def read_rows(job: JobInfo) -> tuple[list[RowState], int | None]:
+    """The job's contended rows now (the first MAX_ROWS_SHOWN) and the updates lost so far (None if unknown).
+
+    Counter race: every committed write, blind or not, moves its row's version by one,
+    so (versions written) - (value gained) is the number of increments erased, exact
+    for the rows as this query sees them, whatever the strategy.
+    """
+    if job.scenario != "counter":
+        return [], None
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT id, name, value, resource_version FROM store_counter WHERE job_id = %s ORDER BY id", [job.id]
+        )
+        found = cursor.fetchall()
+    rows: list[RowState] = [
+        {"id": pk, "name": name, "value": value, "version": version} for pk, name, value, version in found
+    ]
+    if not rows:
+        return [], None
+    initial = int(job.params.get("initial_value") or 0)
+    writes = sum(row["version"] - 1 for row in rows)
+    gained = sum(row["value"] for row in rows) - initial * len(rows)
+    return rows[:MAX_ROWS_SHOWN], writes - gained
+
+
+def make_frame(job_id: int, events: list[dict[str, Any]], totals: Totals, rows: list[RowState]) -> Frame:
+    return {
+        "type": "frame",
+        "job": job_id,
+        "seq_from": events[0]["seq"],
+        "seq_to": events[-1]["seq"],
+        "events": events,
+        "totals": totals,
+        "rows": rows,
+    }
+
+
+class StoreReader:
+    """Reads one job's frames from the store, from a position on, keeping the running totals.
+
+    Used by a job feed (once per process, for everyone watching) and by a viewer that
+    must catch up on history the feed does not hold.
+    """
+
+    # Catching up reads many frames in a burst: the rows are read at most this often.
+    ROWS_MAX_AGE_S = 0.1
+
+    def __init__(self, job: JobInfo, after: int) -> None:
+        self.job = job
+        self.position = after
+        self._totals: RunningTotals | None = None
+        self._rows: tuple[list[RowState], int | None] = ([], None)
+        self._rows_read_at = -math.inf
+
+    def next_frame(
+        self, upto: int, rows: tuple[list[RowState], int | None] | None = None, *, limit: int = MAX_EVENTS_PER_FRAME
+    ) -> Frame | None:
+        """The next frame after `position` reaching at most `upto`, or None if there is nothing new."""
+        if upto <= self.position:
+            return None
+        if self._totals is None:
+            self._totals = RunningTotals.from_store(self.job.id, self.position)
+        events = read_events(self.job.id, self.position, min(limit, upto - self.position))
+        if not events:
+            return None
+        self._totals.add(events)
+        if rows is None:
+            rows = self.rows()
+        self.position = events[-1]["seq"]
+        return make_frame(self.job.id, events, self._totals.snapshot(rows[1]), rows[0])
+
+    def rows(self) -> tuple[list[RowState], int | None]:
+        if time.monotonic() - self._rows_read_at > self.ROWS_MAX_AGE_S:
+            self._rows = read_rows(self.job)
+            self._rows_read_at = time.monotonic()
+        return self._rows
+
+    def seek(self, position: int) -> None:
+        """Move to another position (a client's resume): the totals are recounted from the store."""
+        if position != self.position:
+            self.position = position
+            self._totals = None
