@@ -143,7 +143,7 @@ class JobEventsConsumer(_JobSocket):
     async def _stream(self, after: int) -> None:
         async for frames in self.follow(after):
             for frame in frames:
-                await self.send(text_data=_encoded(frame))
+                await self.send(text_data=self.feed.encoded(frame) if self.feed else _encoded(frame))
         await self.send_json(self.state.end())
         await self.close(code=1000)
 

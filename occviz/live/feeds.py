@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import weakref
 from collections import deque
@@ -105,6 +106,7 @@ class JobFeed:
         self._heard = asyncio.Event()
         self._channel = ""
         self._tasks: list[asyncio.Task[None]] = []
+        self._texts: dict[tuple[int, int], str] = {}
         self.viewers = 0
 
     # -- what viewers read --------------------------------------------------------
@@ -127,6 +129,17 @@ class JobFeed:
                 frame = {**frame, "seq_from": events[0]["seq"], "events": events}
             found.append(frame)
         return found
+
+    def encoded(self, frame: Frame) -> str:
+        """The frame as JSON text, encoded once for all the viewers that are sent the same frame."""
+        key = (frame["seq_from"], frame["seq_to"])
+        text = self._texts.get(key)
+        if text is None:
+            text = json.dumps(frame, separators=(",", ":"))
+            if len(self._texts) >= 2 * len(self.frames) + 16:
+                self._texts.clear()  # a cache of the window's frames only: viewers are rarely far apart
+            self._texts[key] = text
+        return text
 
     # -- lifecycle ------------------------------------------------------------------
 

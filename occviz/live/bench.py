@@ -1,0 +1,242 @@
+"""The streaming benchmark: does watching a job slow it down, and how late do its events reach viewers?
+
+    from occviz.live.bench import streaming_bench
+    figures = streaming_bench(None, seconds=4.0, writers=4, viewers=50, rounds=3)
+
+(`database_url=None` uses the database of the current settings.) It runs the same
+`occ` counter race `rounds` times each way, alternating, in a `db_worker` process: once with no viewers, once with
+`viewers` websocket clients following `/ws/jobs/<id>/events/` through a real Daphne
+server started on a free port of 127.0.0.1, signed in with a session cookie of a
+user it creates. It returns both runs' commits per second (the job's own figure),
+their ratio, and the event-to-client latency percentiles.
+
+Clocks: an event's `t_ms` counts from the moment the job's actors were released, on
+the worker's clock; the job row's `started_at` is stamped by the same worker just
+before the actors connect, so `started_at + t_ms` is never later than the moment the
+event happened, and latency = (time a client received the frame holding the event)
+- (started_at + t_ms) is an upper bound, high by the actors' connection time (a few
+ms). All processes share this machine's wall clock, so no other correction is needed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import os
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.contrib.sessions.backends.db import SessionStore
+from django.db import connection
+
+from occviz.jobs.models import Event, Job
+from occviz.jobs.tasks import launch
+
+_SEQ_RANGE = re.compile(rb'"seq_from":(\d+),"seq_to":(\d+)')
+
+
+def streaming_bench(
+    database_url: str | None = None, *, seconds: float = 4.0, writers: int = 4, viewers: int = 50, rounds: int = 3
+) -> dict[str, Any]:
+    """Commits/s without and with `viewers` websocket clients (medians of `rounds` alternating runs),
+    their ratio, and the latency p50/p95 in ms over every event of every watched run."""
+    env = {**os.environ, "DATABASE_URL": database_url or _current_database_url()}
+    cookie = _session_cookie()
+    port = _free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "occviz.asgi:application"],
+        cwd=settings.BASE_DIR,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        _wait_for_port(port)
+        params = {"strategy": "occ", "writers": writers, "seconds": seconds, "max_attempts": 1000}
+        # Rounds alternate, so a noisy machine slows both sides alike.
+        alone: list[float] = []
+        watched: list[float] = []
+        latencies: list[float] = []
+        complete = 0
+        for _ in range(rounds):
+            alone.append(_commits_per_s(_run_job(env, params)))
+            job, received = asyncio.run(_watched_run(env, params, port, cookie, viewers))
+            watched.append(_commits_per_s(job))
+            latencies.extend(_latencies_ms(job, received))
+            complete += sum(1 for frames in received if _covered(frames) == job.last_seq)
+    finally:
+        server.terminate()
+        server.wait(30)
+    commits_alone = statistics.median(alone)
+    commits_watched = statistics.median(watched)
+    return {
+        "writers": writers,
+        "seconds": seconds,
+        "viewers": viewers,
+        "rounds": rounds,
+        "commits_per_s_alone": commits_alone,
+        "commits_per_s_watched": commits_watched,
+        "commits_per_s_alone_runs": alone,
+        "commits_per_s_watched_runs": watched,
+        "ratio": round(commits_watched / commits_alone, 3) if commits_alone else None,
+        "viewers_complete": f"{complete} of {viewers * rounds} saw every event exactly once",
+        "latency_ms": {
+            "p50": _percentile(latencies, 0.50),
+            "p95": _percentile(latencies, 0.95),
+            "max": round(max(latencies), 1) if latencies else None,
+        },
+    }
+
+
+def _commits_per_s(job: Job) -> float:
+    return float(job.summary["commits_per_s"]) if job.summary else 0.0
+
+
+def _current_database_url() -> str:
+    params = connection.settings_dict
+    host = params["HOST"] or "127.0.0.1"
+    if host.startswith("/"):
+        return f"postgresql://{params['USER']}@/{params['NAME']}?host={quote(host)}"
+    return f"postgresql://{params['USER']}:{params['PASSWORD']}@{host}:{params['PORT'] or 5432}/{params['NAME']}"
+
+
+def _session_cookie() -> str:
+    user, _ = get_user_model().objects.get_or_create(username="streaming-bench")
+    session = SessionStore()
+    session["_auth_user_id"] = str(user.pk)
+    session["_auth_user_backend"] = "django.contrib.auth.backends.ModelBackend"
+    session["_auth_user_hash"] = user.get_session_auth_hash()
+    session.create()
+    return f"{settings.SESSION_COOKIE_NAME}={session.session_key}"
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _wait_for_port(port: int, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.5):
+            return
+        time.sleep(0.1)
+    raise RuntimeError(f"daphne did not listen on 127.0.0.1:{port} within {timeout} s")
+
+
+def _start_worker(env: dict[str, str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, str(Path(settings.BASE_DIR) / "manage.py"), "db_worker", "--max-tasks", "1"],
+        cwd=settings.BASE_DIR,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def _run_job(env: dict[str, str], params: dict[str, Any]) -> Job:
+    job = launch("counter", params)
+    worker = _start_worker(env)
+    worker.wait(params["seconds"] + 120)
+    return Job.objects.get(pk=job.pk)
+
+
+async def _watched_run(
+    env: dict[str, str], params: dict[str, Any], port: int, cookie: str, viewers: int
+) -> tuple[Job, list[list[tuple[int, int, float]]]]:
+    from asgiref.sync import sync_to_async
+
+    job = await sync_to_async(launch)("counter", params)
+    received: list[list[tuple[int, int, float]]] = [[] for _ in range(viewers)]
+    connected = [asyncio.Event() for _ in range(viewers)]
+    clients = [
+        asyncio.create_task(_follow(port, cookie, job.pk, frames, ready))
+        for frames, ready in zip(received, connected, strict=True)
+    ]
+    await asyncio.wait_for(asyncio.gather(*(ready.wait() for ready in connected)), 60)
+    worker = _start_worker(env)
+    await asyncio.wait_for(asyncio.gather(*clients), params["seconds"] + 120)
+    await asyncio.to_thread(worker.wait, 60)
+    return await Job.objects.aget(pk=job.pk), received
+
+
+async def _follow(
+    port: int, cookie: str, job_id: int, frames: list[tuple[int, int, float]], ready: asyncio.Event
+) -> None:
+    """A minimal websocket client (RFC 6455): records (seq_from, seq_to, receive time) of each frame."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    key = base64.b64encode(os.urandom(16)).decode()
+    writer.write(
+        (
+            f"GET /ws/jobs/{job_id}/events/ HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\n"
+            f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n"
+            f"Origin: http://127.0.0.1:{port}\r\nCookie: {cookie}\r\n\r\n"
+        ).encode()
+    )
+    status = await reader.readuntil(b"\r\n\r\n")
+    if b" 101 " not in status.split(b"\r\n", 1)[0]:
+        raise RuntimeError(f"websocket refused: {status[:80]!r}")
+    ready.set()
+    message = b""
+    while True:
+        head = await reader.readexactly(2)
+        length = head[1] & 0x7F
+        if length == 126:
+            length = int.from_bytes(await reader.readexactly(2), "big")
+        elif length == 127:
+            length = int.from_bytes(await reader.readexactly(8), "big")
+        payload = await reader.readexactly(length)
+        opcode = head[0] & 0x0F
+        if opcode == 0x8:  # close: the server sent `end` and closed
+            break
+        if opcode in (0x1, 0x0):
+            message += payload
+            if head[0] & 0x80:  # final fragment
+                found = _SEQ_RANGE.search(message, 0, 200)
+                if found:
+                    frames.append((int(found[1]), int(found[2]), time.time()))
+                message = b""
+    writer.close()
+    with contextlib.suppress(Exception):
+        await writer.wait_closed()
+
+
+def _covered(frames: list[tuple[int, int, float]]) -> int:
+    """The last sequence number a client saw with no gap and no duplicate before it (-1 if broken)."""
+    position = 0
+    for seq_from, seq_to, _ in frames:
+        if seq_from != position + 1:
+            return -1
+        position = seq_to
+    return position
+
+
+def _latencies_ms(job: Job, received: list[list[tuple[int, int, float]]]) -> list[float]:
+    if job.started_at is None:
+        return []
+    start = job.started_at.timestamp()
+    t_ms = dict(Event.objects.filter(job=job).values_list("seq", "t_ms"))
+    latencies: list[float] = []
+    for frames in received:
+        for seq_from, seq_to, at in frames:
+            latencies.extend((at - start) * 1000.0 - t_ms[seq] for seq in range(seq_from, seq_to + 1))
+    return latencies
+
+
+def _percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    if len(values) == 1:
+        return round(values[0], 1)
+    return round(statistics.quantiles(values, n=100, method="inclusive")[round(q * 100) - 1], 1)
