@@ -7,6 +7,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 import pytest
@@ -16,6 +17,15 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # Playwright's sync API runs an event loop in the test thread; Django's ORM must still be usable there.
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+
+
+@pytest.fixture(autouse=True)
+def in_memory_channel_layer(settings: Any) -> None:
+    """Jobs run in the test process publish here, not to the development database's layer.
+
+    Tests about the layer itself, and child processes (given DATABASE_URL), use the real one.
+    """
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 
 
 @pytest.fixture

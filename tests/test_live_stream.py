@@ -46,12 +46,6 @@ def _redis_available() -> bool:
         return False
 
 
-@pytest.fixture(autouse=True)
-def memory_layer(settings: Any) -> None:
-    """Tests that are not about the layer use Channels' in-memory one (the `layer` fixture overrides it)."""
-    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
-
-
 @pytest_asyncio.fixture(params=["postgres", "redis"])
 async def layer(request: pytest.FixtureRequest, settings: Any) -> AsyncIterator[dict[str, str]]:
     """The channel layer of this process on the test database (or Redis); the env a worker needs for the same."""
