@@ -1,9 +1,12 @@
-"""bench: the job engine's committed compare-and-swaps per second against pgbench's, on the same database.
+"""bench: how fast the engine commits, against pgbench, and what streaming to viewers costs it.
 
-pgbench runs the engine's own read + compare-and-swap transaction (the SQL of
+engine: pgbench runs the engine's own read + compare-and-swap transaction (the SQL of
 `compare_and_swap`) on one hot row with N clients; then `runjob` runs the `occ`
 counter race with N writers on the same PostgreSQL. Rounds alternate, so a noisy
 machine slows both sides alike; the figure that matters is their ratio.
+
+streaming: one job watched by 50 websocket clients against the same job unwatched
+(`occviz.live.bench.streaming_bench`), and the event-to-client latency.
 """
 
 from __future__ import annotations
@@ -74,12 +77,48 @@ class Command(BaseCommand):
         parser.add_argument("--writers", type=int, default=4)
         parser.add_argument("--seconds", type=float, default=8.0)
         parser.add_argument("--rounds", type=int, default=2)
+        parser.add_argument("--viewers", type=int, default=50, help="streaming: websocket clients on one job")
+        parser.add_argument("--part", choices=["all", "engine", "streaming"], default="all")
         parser.add_argument("--json", action="store_true", help="print the figures as JSON")
 
     def handle(self, *args: Any, **options: Any) -> None:
         writers, seconds, rounds = options["writers"], options["seconds"], options["rounds"]
-        if not (1 <= writers <= 64 and 1 <= seconds <= 120 and 1 <= rounds <= 10):
-            raise CommandError("--writers 1..64, --seconds 1..120, --rounds 1..10", returncode=2)
+        if not (1 <= writers <= 64 and 1 <= seconds <= 120 and 1 <= rounds <= 10 and 1 <= options["viewers"] <= 500):
+            raise CommandError("--writers 1..64, --seconds 1..120, --rounds 1..10, --viewers 1..500", returncode=2)
+        figures: dict[str, Any] = {}
+        if options["part"] in ("all", "engine"):
+            figures["engine"] = self._engine(writers, seconds, rounds)
+        if options["part"] in ("all", "streaming"):
+            from occviz.live.bench import streaming_bench
+
+            figures["streaming"] = streaming_bench(
+                None, seconds=seconds, writers=writers, viewers=options["viewers"], rounds=rounds
+            )
+        if options["json"]:
+            self.stdout.write(json.dumps(figures))
+            return
+        if "engine" in figures:
+            engine = figures["engine"]
+            self.stdout.write(
+                f"\nEngine: one hot row, {writers} concurrent writers, {seconds:g} s a run, {rounds} rounds\n"
+                f"  pgbench (same read + compare-and-swap): {_list(engine['pgbench_commits_per_s'])} commits/s\n"
+                f"  runjob counter --strategy occ:           {_list(engine['runjob_occ_commits_per_s'])} commits/s\n"
+                f"  ratio runjob / pgbench: {_list(engine['ratio_per_round'], '.2f')} "
+                f"(median {engine['ratio_median']:.2f}; target >= 0.80)"
+            )
+        if "streaming" in figures:
+            streaming = figures["streaming"]
+            self.stdout.write(
+                f"\nStreaming: the same occ job, alone and watched by {streaming['viewers']} websocket clients\n"
+                f"  alone:   {_list(streaming['commits_per_s_alone_runs'])} commits/s\n"
+                f"  watched: {_list(streaming['commits_per_s_watched_runs'])} commits/s\n"
+                f"  ratio watched / alone: {streaming['ratio']:.2f} (target >= 0.90); "
+                f"{streaming['viewers_complete']}\n"
+                f"  event-to-client latency: p50 {streaming['latency_ms']['p50']} ms, "
+                f"p95 {streaming['latency_ms']['p95']} ms (target p95 < 250 ms)"
+            )
+
+    def _engine(self, writers: int, seconds: float, rounds: int) -> dict[str, Any]:
         counter, _ = Counter.objects.get_or_create(namespace="bench", name="pgbench-hot")
         pgbench_rates: list[float] = []
         engine_rates: list[float] = []
@@ -90,7 +129,7 @@ class Command(BaseCommand):
                 f"round {round_number}: pgbench {pgbench_rates[-1]:.0f}/s, runjob occ {engine_rates[-1]:.0f}/s"
             )
         ratios = [engine / reference for engine, reference in zip(engine_rates, pgbench_rates, strict=True)]
-        figures = {
+        return {
             "writers": writers,
             "seconds": seconds,
             "pgbench_commits_per_s": [round(rate, 1) for rate in pgbench_rates],
@@ -99,16 +138,6 @@ class Command(BaseCommand):
             "ratio_median": round(statistics.median(ratios), 3),
             "target": 0.8,
         }
-        if options["json"]:
-            self.stdout.write(json.dumps(figures))
-            return
-        self.stdout.write(
-            f"\nOne hot row, {writers} concurrent writers, {seconds:g} s per run, {rounds} alternating rounds:\n"
-            f"  pgbench (same read + compare-and-swap): {', '.join(f'{r:.0f}' for r in pgbench_rates)} commits/s\n"
-            f"  runjob counter --strategy occ:           {', '.join(f'{r:.0f}' for r in engine_rates)} commits/s\n"
-            f"  ratio runjob / pgbench: {', '.join(f'{r:.2f}' for r in ratios)} "
-            f"(median {figures['ratio_median']:.2f}; target >= 0.80)"
-        )
 
     def _pgbench(self, row_id: int, clients: int, seconds: float) -> float:
         with tempfile.NamedTemporaryFile("w", suffix=".sql", delete=False) as script:
@@ -147,3 +176,7 @@ class Command(BaseCommand):
         if result.returncode != 0:
             raise CommandError(f"runjob failed:\n{result.stderr}")
         return float(json.loads(result.stdout)["commits_per_s"])
+
+
+def _list(values: list[float], spec: str = ".0f") -> str:
+    return ", ".join(format(value, spec) for value in values)
