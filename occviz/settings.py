@@ -40,6 +40,7 @@ INSTALLED_APPS = [
     "occviz.store",
     "occviz.jobs",
     "occviz.live",
+    "occviz.web",
 ]
 
 MIDDLEWARE = [
@@ -105,7 +106,8 @@ else:
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
 ]
-LOGIN_URL = "/admin/login/"
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "home"
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"

@@ -1,0 +1,131 @@
+"""Reading a job's stored events for the browser: pages by sequence, streamed exports, rate series.
+
+The store is the truth the live stream resumes from, so every reader here pages by
+`seq` (keyset, never OFFSET): a page costs the same at event 10 as at event 10 million,
+and an export never holds a whole job in memory.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.db.models import Count, F
+from django.db.models.functions import Floor
+
+from occviz.jobs.models import Event, Job
+from occviz.live.frames import EVENT_FIELDS, read_events
+
+EXPORT_PAGE = 5_000
+MAX_PAGE = 5_000
+
+
+def events_page(job: Job, after: int, limit: int) -> dict[str, Any]:
+    """One page of events.json: the events after `after` and where to ask next."""
+    # Read last_seq before the events: the recorder stores events and last_seq in one
+    # transaction, so every event up to this last_seq is visible to the query below.
+    last_seq = Job.objects.filter(pk=job.pk).values_list("last_seq", flat=True).get()
+    events = read_events(job.pk, after, limit)
+    next_after = events[-1]["seq"] if events else after
+    return {
+        "job": job.pk,
+        "status": job.status,
+        "last_seq": max(last_seq, next_after),
+        "after": after,
+        "next_after": next_after,
+        "more": len(events) == limit or next_after < last_seq,
+        "events": events,
+    }
+
+
+def _pages(job_id: int) -> Iterator[list[dict[str, Any]]]:
+    after = 0
+    while page := read_events(job_id, after, EXPORT_PAGE):
+        yield page
+        after = page[-1]["seq"]
+
+
+async def _apages(job_id: int) -> AsyncIterator[list[dict[str, Any]]]:
+    after = 0
+    while page := await sync_to_async(read_events)(job_id, after, EXPORT_PAGE):
+        yield page
+        after = page[-1]["seq"]
+
+
+def _jsonl(page: list[dict[str, Any]]) -> str:
+    return "".join(json.dumps(event, separators=(",", ":")) + "\n" for event in page)
+
+
+class _Line:
+    """csv.writer's file: hands back each formatted line instead of storing it."""
+
+    def write(self, line: str) -> str:
+        return line
+
+
+def _csv_lines(page: list[dict[str, Any]]) -> str:
+    writer = csv.writer(_Line())
+    return "".join(
+        writer.writerow([json.dumps(event["detail"]) if name == "detail" else event[name] for name in EVENT_FIELDS])
+        for event in page
+    )
+
+
+def _csv_header() -> str:
+    return csv.writer(_Line()).writerow(EVENT_FIELDS)
+
+
+def export_lines(job_id: int, fmt: str) -> Iterator[str]:
+    """Every event of the job in seq order, as JSON lines or CSV, a page at a time (WSGI)."""
+    if fmt == "csv":
+        yield _csv_header()
+    for page in _pages(job_id):
+        yield _csv_lines(page) if fmt == "csv" else _jsonl(page)
+
+
+async def aexport_lines(job_id: int, fmt: str) -> AsyncIterator[str]:
+    """The same export for an ASGI server, which would otherwise buffer a sync iterator whole."""
+    if fmt == "csv":
+        yield _csv_header()
+    async for page in _apages(job_id):
+        yield _csv_lines(page) if fmt == "csv" else _jsonl(page)
+
+
+# Bin widths for rate charts, picked so that a chart has at most about 150 points.
+_BINS_MS = (100, 250, 500, 1_000, 2_000, 5_000, 10_000, 30_000, 60_000)
+
+
+def bin_for(duration_ms: float) -> int:
+    return next((b for b in _BINS_MS if duration_ms / b <= 150), _BINS_MS[-1])
+
+
+def rate_series(job: Job, bin_ms: int) -> dict[str, list[int]]:
+    """Commits and conflicts per `bin_ms` bin since the job started, counted in PostgreSQL."""
+    counts = (
+        Event.objects.filter(job=job, kind__in=[Event.Kind.COMMITTED, Event.Kind.CONFLICT])
+        .annotate(bin=Floor(F("t_ms") / bin_ms))
+        .values("bin", "kind")
+        .annotate(n=Count("id"))
+    )
+    series: dict[str, list[int]] = {"committed": [], "conflict": []}
+    for row in counts:
+        values = series[row["kind"]]
+        index = int(row["bin"])
+        if index >= len(values):
+            values.extend([0] * (index + 1 - len(values)))
+        values[index] = row["n"]
+    length = max(len(values) for values in series.values())
+    for values in series.values():
+        values.extend([0] * (length - len(values)))
+    return series
+
+
+def duration_ms(job: Job) -> float:
+    """How long the job's actors ran: from its summary, else from its last event."""
+    if job.summary and job.summary.get("duration_s") is not None:
+        return float(job.summary["duration_s"]) * 1000.0
+    last = Event.objects.filter(job=job).order_by("-seq").values_list("t_ms", flat=True).first()
+    return float(last or 0.0)

@@ -1,0 +1,22 @@
+"""Routes of the dashboard pages and of the JSON endpoints their scripts read."""
+
+from __future__ import annotations
+
+from django.contrib.auth import views as auth_views
+from django.urls import path
+
+from occviz.web import views
+
+urlpatterns = [
+    path("", views.home, name="home"),
+    path("accounts/login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
+    path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("jobs/new/<slug:scenario>/", views.job_new, name="job_new"),
+    path("jobs/compare/", views.job_compare, name="job_compare"),
+    path("jobs/<int:job_id>/", views.job_detail, name="job_detail"),
+    path("jobs/<int:job_id>/cancel/", views.job_cancel, name="job_cancel"),
+    path("jobs/<int:job_id>/events.json", views.job_events, name="job_events"),
+    path("jobs/<int:job_id>/summary.json", views.job_summary, name="job_summary"),
+    path("jobs/<int:job_id>/export.<str:fmt>", views.job_export, name="job_export"),
+    path("jobs/<int:job_id>/replay/", views.job_replay, name="job_replay"),
+]

@@ -1,0 +1,322 @@
+"""The dashboard's pages and the JSON endpoints its scripts read. Every page needs a signed-in user."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from django import forms
+from django.contrib.auth.decorators import login_required
+from django.core.handlers.asgi import ASGIRequest
+from django.http import (
+    Http404,
+    HttpRequest,
+    HttpResponse,
+    HttpResponseBadRequest,
+    HttpResponseBase,
+    HttpResponseForbidden,
+    JsonResponse,
+    StreamingHttpResponse,
+)
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+from django_htmx.http import HttpResponseClientRedirect
+from django_htmx.middleware import HtmxDetails
+
+from occviz.jobs.models import Job
+from occviz.jobs.tasks import launch
+from occviz.live.consumers import JobLiveConsumer
+from occviz.live.frames import JobInfo, StoreReader
+from occviz.live.logtext import log_lines
+from occviz.scenarios import SCENARIOS
+from occviz.scenarios.base import ParamsError
+from occviz.web import events
+from occviz.web.presets import PRESETS_BY_SCENARIO, find_preset
+
+RECENT_JOBS = 15
+MAX_COMPARE = 6
+
+
+class HtmxHttpRequest(HttpRequest):
+    htmx: HtmxDetails
+
+
+def _json_login_required(view: Callable[..., HttpResponseBase]) -> Callable[..., HttpResponseBase]:
+    """For endpoints read by scripts: a 401 in JSON, not a redirect to a sign-in page."""
+
+    def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+        if not request.user.is_authenticated:
+            return JsonResponse({"error": "Sign in first."}, status=401)
+        return view(request, *args, **kwargs)
+
+    wrapped.__name__ = view.__name__
+    wrapped.__doc__ = view.__doc__
+    return wrapped
+
+
+def _may_control(request: HttpRequest, job: Job) -> bool:
+    """Who launched a job, or staff, may cancel it; everyone signed in may watch it."""
+    return bool(request.user.is_staff or job.created_by_id == request.user.pk)
+
+
+def _live_first_render(job: Job) -> dict[str, Any]:
+    """The context of the live layer's fragments as its socket would send them now (status, counters, rows, log)."""
+    info = JobInfo(id=job.pk, scenario=job.scenario, strategy=job.strategy, params=dict(job.params))
+    reader = StoreReader(info, after=max(0, job.last_seq - JobLiveConsumer.LOG_LINES))
+    frame = reader.next_frame(job.last_seq)
+    return {
+        "live_job": {
+            "id": job.pk,
+            "scenario": job.scenario,
+            "strategy": job.strategy,
+            "status": job.status,
+            "finished": job.is_finished,
+            "summary": job.summary,
+            "invariant_ok": job.invariant_ok,
+        },
+        "totals": frame["totals"] if frame else None,
+        "rows": frame["rows"] if frame else reader.rows()[0],
+        "lines": list(reversed(log_lines(frame["events"]))) if frame else [],
+    }
+
+
+def _jobs_context() -> dict[str, Any]:
+    active = Job.objects.filter(status__in=[Job.Status.QUEUED, Job.Status.RUNNING]).select_related("created_by")
+    recent = Job.objects.filter(status__in=Job.FINISHED).select_related("created_by")[:RECENT_JOBS]
+    return {"active_jobs": list(active.order_by("id")), "recent_jobs": list(recent)}
+
+
+@require_GET
+@login_required
+def home(request: HtmxHttpRequest) -> HttpResponse:
+    if request.htmx:
+        return render(request, "web/home.html#jobs", _jobs_context())
+    scenarios = [{"scenario": s, "presets": PRESETS_BY_SCENARIO.get(s.name, ())} for s in SCENARIOS.values()]
+    return render(request, "web/home.html", {"scenarios": scenarios, **_jobs_context()})
+
+
+def _form_sections(form: forms.Form) -> list[tuple[str, list[forms.BoundField]]]:
+    """The launch form's fields, grouped the way a person thinks about a run."""
+    groups = {
+        "Workload": ("strategy", "writers", "increments", "seconds", "rows", "think_ms"),
+        "Retry policy": ("retry", "max_attempts", "base_ms", "factor", "cap_ms"),
+        "Locks and isolation": ("lock", "isolation"),
+        "Starting point": ("initial_value", "seed"),
+    }
+    placed = {name for names in groups.values() for name in names}
+    sections = [(title, [form[n] for n in names if n in form.fields]) for title, names in groups.items()]
+    rest = [form[n] for n in form.fields if n not in placed]
+    if rest:
+        sections.append(("More", rest))
+    return [(title, fields) for title, fields in sections if fields]
+
+
+@require_http_methods(["GET", "POST"])
+@login_required
+def job_new(request: HtmxHttpRequest, scenario: str) -> HttpResponse:
+    if scenario not in SCENARIOS:
+        raise Http404("No such scenario.")
+    spec = SCENARIOS[scenario]
+    preset = None
+    if request.method == "POST":
+        try:
+            job = launch(scenario, request.POST.dict(), request.user)
+        except ParamsError:
+            # Bind the same data to the same form: its errors are the ones launch() refused with.
+            form = spec.form_class(data=request.POST)
+            form.is_valid()
+        else:
+            url = reverse("job_detail", args=[job.pk])
+            return HttpResponseClientRedirect(url) if request.htmx else redirect(url)
+    else:
+        preset = find_preset(scenario, request.GET.get("preset", ""))
+        form = spec.form_class(initial=preset.params if preset else None)
+    context = {
+        "spec": spec,
+        "form": form,
+        "sections": _form_sections(form),
+        "presets": PRESETS_BY_SCENARIO.get(scenario, ()),
+        "preset": preset,
+    }
+    if request.htmx and not request.htmx.boosted:
+        # 200 even with errors: htmx 2 does not swap 4xx responses, and the errors must show inline.
+        return render(request, "web/job_new.html#launch-form", context)
+    return render(request, "web/job_new.html", context, status=400 if form.is_bound else 200)
+
+
+def _job_context(request: HttpRequest, job: Job) -> dict[str, Any]:
+    spec = SCENARIOS.get(job.scenario)
+    return {
+        "job": job,
+        "spec": spec,
+        "may_control": _may_control(request, job),
+        "params": sorted(job.params.items()),
+        "summary": job.summary or {},
+    }
+
+
+@require_GET
+@login_required
+def job_detail(request: HtmxHttpRequest, job_id: int) -> HttpResponse:
+    job = get_object_or_404(Job.objects.select_related("created_by"), pk=job_id)
+    context = _job_context(request, job)
+    # The page's script asks for the controls again when the job ends (no more cancel button).
+    if request.htmx and request.htmx.target == "controls":
+        return render(request, "web/job_detail.html#controls", context)
+    return render(request, "web/job_detail.html", {**context, **_live_first_render(job)})
+
+
+@require_POST
+@login_required
+def job_cancel(request: HtmxHttpRequest, job_id: int) -> HttpResponse:
+    job = get_object_or_404(Job, pk=job_id)
+    if not _may_control(request, job):
+        return HttpResponseForbidden("Only whoever launched this job, or staff, may cancel it.")
+    if not job.is_finished:
+        job.request_cancel()
+    if request.htmx:
+        return render(request, "web/job_detail.html#controls", _job_context(request, job))
+    return redirect("job_detail", job_id=job.pk)
+
+
+def _int_param(request: HttpRequest, name: str, default: int, low: int, high: int) -> int:
+    raw = request.GET.get(name, "")
+    if raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be a whole number, not {raw!r}.") from None
+    if not low <= value <= high:
+        raise ValueError(f"{name} must be between {low} and {high}.")
+    return value
+
+
+@require_GET
+@_json_login_required
+def job_events(request: HttpRequest, job_id: int) -> HttpResponse:
+    """`?after=<seq>&limit=<n>`: the next page of the job's stored events, in seq order."""
+    job = get_object_or_404(Job, pk=job_id)
+    try:
+        after = _int_param(request, "after", 0, 0, 2**62)
+        limit = _int_param(request, "limit", 1_000, 1, events.MAX_PAGE)
+    except ValueError as error:
+        return JsonResponse({"error": str(error)}, status=400)
+    return JsonResponse(events.events_page(job, after, limit))
+
+
+@require_GET
+@_json_login_required
+def job_summary(request: HttpRequest, job_id: int) -> HttpResponse:
+    job = get_object_or_404(Job, pk=job_id)
+    return JsonResponse(
+        {
+            "id": job.pk,
+            "scenario": job.scenario,
+            "strategy": job.strategy,
+            "status": job.status,
+            "params": job.params,
+            "created_at": job.created_at.isoformat(),
+            "started_at": job.started_at.isoformat() if job.started_at else None,
+            "finished_at": job.finished_at.isoformat() if job.finished_at else None,
+            "last_seq": job.last_seq,
+            "invariant_ok": job.invariant_ok,
+            "error": job.error or None,
+            "summary": job.summary,
+        },
+        json_dumps_params={"indent": 2},
+    )
+
+
+_EXPORTS = {"jsonl": "application/jsonl; charset=utf-8", "csv": "text/csv; charset=utf-8"}
+
+
+@require_GET
+@login_required
+def job_export(request: HttpRequest, job_id: int, fmt: str) -> StreamingHttpResponse:
+    """All the job's events in seq order, streamed a page at a time."""
+    job = get_object_or_404(Job, pk=job_id)
+    if fmt not in _EXPORTS:
+        raise Http404("No such export format.")
+    # Under an ASGI server a sync iterator would be read whole into memory first: give it an async one.
+    content = (
+        events.aexport_lines(job.pk, fmt) if isinstance(request, ASGIRequest) else events.export_lines(job.pk, fmt)
+    )
+    response = StreamingHttpResponse(content, content_type=_EXPORTS[fmt])
+    response["Content-Disposition"] = f'attachment; filename="occviz-job-{job.pk}-events.{fmt}"'
+    return response
+
+
+@require_GET
+@login_required
+def job_replay(request: HttpRequest, job_id: int) -> HttpResponse:
+    job = get_object_or_404(Job.objects.select_related("created_by"), pk=job_id)
+    return render(request, "web/job_replay.html", _job_context(request, job))
+
+
+@require_GET
+@login_required
+def job_compare(request: HttpRequest) -> HttpResponse:
+    # ?ids=3,4 from a link, or ?id=3&id=4 from the home page's tick boxes.
+    raw = ",".join([request.GET.get("ids", ""), *request.GET.getlist("id")])
+    try:
+        ids = list(dict.fromkeys(int(part) for part in raw.split(",") if part.strip()))
+    except ValueError:
+        return HttpResponseBadRequest("ids must be job numbers separated by commas, e.g. ?ids=3,4")
+    if not 2 <= len(ids) <= MAX_COMPARE:
+        recent = Job.objects.filter(status__in=Job.FINISHED)[:30]
+        return render(
+            request,
+            "web/job_compare.html",
+            {"jobs": [], "choices": recent, "ids": ids, "max_compare": MAX_COMPARE},
+            status=400 if raw.strip(",") else 200,
+        )
+    found = Job.objects.in_bulk(ids)
+    missing = [i for i in ids if i not in found]
+    if missing:
+        raise Http404(f"No job {', '.join(map(str, missing))}.")
+    jobs = [found[i] for i in ids]
+    # One bin width for every job, so the charts share their time axis as well as their scale.
+    bin_ms = events.bin_for(max(events.duration_ms(job) for job in jobs))
+    series = [{"id": job.pk, "label": f"#{job.pk} {job.strategy}", **events.rate_series(job, bin_ms)} for job in jobs]
+    return render(
+        request,
+        "web/job_compare.html",
+        {
+            "jobs": jobs,
+            "rows": _compare_rows(jobs),
+            "series": {"bin_ms": bin_ms, "jobs": series},
+            "ids": ids,
+            "max_compare": MAX_COMPARE,
+        },
+    )
+
+
+_COMPARED = (
+    ("strategy", "strategy"),
+    ("retry", "retry policy"),
+    ("writers", "writers"),
+    ("rows", "rows"),
+    ("think_ms", "think time (ms)"),
+    ("attempts", "attempts"),
+    ("committed", "committed"),
+    ("conflicts", "conflicts"),
+    ("retries", "retries"),
+    ("gave_up", "gave up"),
+    ("serialization_failures", "serialization failures"),
+    ("lock_waits", "lock waits"),
+    ("lock_wait_ms", "lock wait (ms)"),
+    ("lost_updates", "lost updates"),
+    ("commits_per_s", "commits per second"),
+    ("duration_s", "duration (s)"),
+)
+
+
+def _compare_rows(jobs: list[Job]) -> list[tuple[str, list[Any]]]:
+    rows: list[tuple[str, list[Any]]] = []
+    for key, label in _COMPARED:
+        rows.append((label, [(job.summary or {}).get(key, job.params.get(key)) for job in jobs]))
+    for pct in ("p50", "p95", "p99"):
+        rows.append((f"latency {pct} (ms)", [((job.summary or {}).get("latency_ms") or {}).get(pct) for job in jobs]))
+    return rows

@@ -1,0 +1,272 @@
+/* occviz pages: the live job page, replay and compare, wired to viz.js.
+   The job page follows the JSON event stream while the job runs, resuming with
+   ?after=<last seq seen> after a drop and reading any gap from events.json; for a
+   finished job, or when websockets fail, it reads the stored events over HTTP. */
+"use strict";
+
+(function () {
+  const O = window.Occviz;
+
+  function largeTypeToggle() {
+    const button = document.querySelector("[data-large-type]");
+    if (!button) return;
+    const sync = () => button.setAttribute("aria-pressed", String(document.documentElement.classList.contains("large")));
+    sync();
+    button.addEventListener("click", () => {
+      const on = document.documentElement.classList.toggle("large");
+      localStorage.setItem("occviz-large", on ? "1" : "0");
+      sync();
+      window.dispatchEvent(new Event("resize"));
+    });
+  }
+
+  function modelFor(page) {
+    return new O.JobModel({ writers: Number(page.dataset.writers), initialValue: Number(page.dataset.initialValue) });
+  }
+
+  /** Redraw at most once per animation frame, however many frames arrive. */
+  function scheduler(draw) {
+    let pending = false;
+    const schedule = () => {
+      if (pending) return;
+      pending = true;
+      requestAnimationFrame(() => {
+        pending = false;
+        draw();
+      });
+    };
+    window.addEventListener("resize", schedule);
+    return schedule;
+  }
+
+  function jobPage(page) {
+    const model = modelFor(page);
+    const timeline = new O.Timeline(page.querySelector("[data-timeline]"), page.querySelector("[data-tooltip]"));
+    const rates = new O.RateChart(page.querySelector("[data-rates]"));
+    const countersEl = page.querySelector("[data-counters]");
+    const rowsEl = page.querySelector("[data-rows]");
+    const logEl = page.querySelector("[data-log]");
+    const note = page.querySelector("[data-viz-note]");
+    const eventsUrl = page.dataset.eventsUrl;
+    let finished = page.dataset.finished === "1";
+    let ended = false;
+
+    const draw = () => {
+      // Live: the whole run while it is short, then the latest 10 s scrolling by.
+      const t1 = Math.max(model.maxT, 1000);
+      const t0 = finished || t1 <= 10000 ? 0 : t1 - 10000;
+      timeline.draw(model, { t0, t1, events: model.events });
+      rates.draw(model.series());
+      // Without the live layer's server-rendered fragments the script keeps these parts itself.
+      if (countersEl) O.renderCounters(countersEl, model.totals());
+      if (rowsEl) O.renderRows(rowsEl, model.rows);
+      if (logEl) O.renderLog(logEl, model.events);
+      if (note && model.dropped) note.textContent = `The timeline shows the latest ${model.events.length} events; counters and rates count all ${model.lastSeq}.`;
+    };
+    const schedule = scheduler(draw);
+    schedule();
+
+    // Frames and HTTP pages are applied one after another, in order, never interleaved.
+    let queue = Promise.resolve();
+    const serial = (work) => {
+      queue = queue.then(work).catch((error) => console.warn("occviz:", error));
+      return queue;
+    };
+    const catchUp = (until) =>
+      O.loadEvents(eventsUrl, model.lastSeq, (p) => {
+        model.add(p.events);
+        schedule();
+      }, { until });
+
+    const onEnd = () => {
+      if (ended) return;
+      ended = true;
+      finished = true;
+      page.dataset.finished = "1";
+      schedule();
+      // The controls are server-rendered: ask for the finished version, without the cancel button.
+      // (The verdict arrives through the live layer's status fragment.)
+      if (window.htmx && document.getElementById("controls")) {
+        htmx.ajax("GET", window.location.pathname, { target: "#controls", swap: "outerHTML" });
+      }
+    };
+
+    if (finished) {
+      serial(() => catchUp(Infinity)).then(onEnd);
+      return;
+    }
+
+    let socketFailures = 0;
+    let endSeen = false;
+
+    const poll = () =>
+      serial(async () => {
+        const last = await catchUp(Infinity);
+        if (["succeeded", "failed", "cancelled"].includes(last.status) && !last.more) {
+          onEnd();
+          return;
+        }
+        setTimeout(poll, 1000);
+      });
+
+    const connect = () => {
+      const scheme = window.location.protocol === "https:" ? "wss" : "ws";
+      const socket = new WebSocket(`${scheme}://${window.location.host}${page.dataset.wsPath}?after=${model.lastSeq}`);
+      let opened = false;
+      socket.onopen = () => {
+        opened = true;
+        socketFailures = 0;
+      };
+      socket.onmessage = (message) => {
+        const data = JSON.parse(message.data);
+        if (data.type === "frame") {
+          serial(async () => {
+            const complete = data.events && data.events.length === data.seq_to - data.seq_from + 1;
+            // A gap (a dropped frame) or a frame sent as a range only: read what is missing from the store.
+            if (data.seq_from > model.lastSeq + 1 || !complete) await catchUp(data.seq_to);
+            else model.add(data.events);
+            schedule();
+          });
+        } else if (data.type === "end") {
+          endSeen = true;
+          serial(() => catchUp(Infinity)).then(onEnd);
+        }
+      };
+      socket.onclose = () => {
+        if (ended || endSeen) return;
+        socketFailures += opened ? 0 : 1;
+        if (socketFailures >= 3) {
+          // Websockets blocked (a proxy, say): read the store over HTTP instead.
+          if (note) note.textContent = "Following the job over HTTP (websocket unavailable).";
+          poll();
+          return;
+        }
+        setTimeout(connect, 500 + Math.random() * 1000);
+      };
+    };
+    connect();
+  }
+
+  function replayPage(page) {
+    const model = modelFor(page);
+    const timeline = new O.Timeline(page.querySelector("[data-timeline]"), page.querySelector("[data-tooltip]"));
+    const rates = new O.RateChart(page.querySelector("[data-rates]"));
+    const countersEl = page.querySelector("[data-counters]");
+    const rowsEl = page.querySelector("[data-rows]");
+    const logEl = page.querySelector("[data-log]");
+    const play = page.querySelector("[data-play]");
+    const speed = page.querySelector("[data-speed]");
+    const scrub = page.querySelector("[data-scrub]");
+    const clock = page.querySelector("[data-clock]");
+    const loadNote = page.querySelector("[data-load-note]");
+    let all = [];
+    let duration = 0;
+    let shown = 0; // index into `all` of the first event not yet in the model
+    let now = 0;
+    let playing = false;
+    let last = null;
+    let fullRates = null;
+    let yMax = 0;
+
+    const moveTo = (t) => {
+      now = Math.max(0, Math.min(duration, t));
+      if (shown > 0 && all[shown - 1].t_ms > now) {
+        // Back in time: rebuild from the start (a few ms even for 100,000 events).
+        model.reset();
+        shown = 0;
+      }
+      const batch = [];
+      while (shown < all.length && all[shown].t_ms <= now) batch.push(all[shown++]);
+      // Replay feeds events in time order, so seq order is not the guard here: add them directly.
+      for (const e of batch) model.addOne(e);
+      scrub.value = String(now);
+      clock.textContent = `${O.fmtMs(now)} of ${O.fmtMs(duration)}`;
+      schedule();
+    };
+
+    const draw = () => {
+      timeline.draw(model, { t0: 0, t1: Math.max(duration, 1), events: model.events, cursor: now });
+      // The chart keeps the whole run's scale, so the lines grow into a fixed frame as time passes.
+      const series = model.series(duration);
+      rates.draw(series, { yMax, xMaxMs: duration, cursor: now });
+      O.renderCounters(countersEl, model.totals(now));
+      O.renderRows(rowsEl, model.rows);
+      O.renderLog(logEl, model.events);
+    };
+    const schedule = scheduler(draw);
+
+    const tick = (ts) => {
+      if (!playing) return;
+      if (last != null) moveTo(now + (ts - last) * Number(speed.value));
+      last = ts;
+      if (now >= duration) {
+        setPlaying(false);
+        return;
+      }
+      requestAnimationFrame(tick);
+    };
+    const setPlaying = (on) => {
+      playing = on;
+      play.textContent = on ? "Pause" : "Play";
+      last = null;
+      if (on) {
+        if (now >= duration) moveTo(0);
+        requestAnimationFrame(tick);
+      }
+    };
+    play.addEventListener("click", () => setPlaying(!playing));
+    scrub.addEventListener("input", () => moveTo(Number(scrub.value)));
+
+    const collected = [];
+    O.loadEvents(page.dataset.eventsUrl, 0, (p) => {
+      collected.push(...p.events);
+      loadNote.textContent = `Loading the stored events… ${collected.length}`;
+    }).then(() => {
+      all = collected.sort((a, b) => a.t_ms - b.t_ms || a.seq - b.seq);
+      duration = all.length ? all[all.length - 1].t_ms : 0;
+      const whole = modelFor(page);
+      whole.add(collected.slice().sort((a, b) => a.seq - b.seq));
+      fullRates = whole.series(duration);
+      yMax = O.RateChart.maxRate(fullRates);
+      scrub.max = String(duration);
+      scrub.disabled = false;
+      play.disabled = false;
+      loadNote.textContent = `${all.length} events over ${O.fmtMs(duration)}. Play, or drag the slider to any moment.`;
+      page.dataset.ready = "1";
+      moveTo(0);
+    }, (error) => {
+      loadNote.textContent = "Could not load the events: " + error.message;
+    });
+  }
+
+  function comparePage(container) {
+    const data = JSON.parse(document.getElementById("compare-series").textContent);
+    const charts = [...container.querySelectorAll("[data-compare-chart]")].map((c) => new O.RateChart(c));
+    const xMaxMs = Math.max(...data.jobs.map((j) => Math.max(j.committed.length, j.conflict.length) * data.bin_ms));
+    // One y scale for every chart: the highest rate any of the jobs reached.
+    const yMax = Math.max(...data.jobs.map((j) => O.RateChart.maxRate({ bin_ms: data.bin_ms, ...j })));
+    const draw = () =>
+      charts.forEach((chart, i) => chart.draw({ bin_ms: data.bin_ms, ...data.jobs[i] }, { yMax, xMaxMs }));
+    scheduler(draw)();
+  }
+
+  function homePage() {
+    // The compare button is only useful with two or more ticked jobs.
+    document.addEventListener("change", (ev) => {
+      const form = ev.target.closest && ev.target.closest(".compare-form");
+      if (!form) return;
+      const ticked = form.querySelectorAll('input[name="id"]:checked').length;
+      form.querySelector("[data-compare-ids]").textContent = ticked >= 2 ? `Compare ${ticked} jobs` : "Compare the ticked jobs";
+    });
+  }
+
+  document.addEventListener("DOMContentLoaded", () => {
+    largeTypeToggle();
+    homePage();
+    const page = document.querySelector("[data-page]");
+    if (!page) return;
+    if (page.dataset.page === "job") jobPage(page);
+    else if (page.dataset.page === "replay") replayPage(page);
+    else if (page.dataset.page === "compare") comparePage(page);
+  });
+})();

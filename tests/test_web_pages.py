@@ -1,0 +1,296 @@
+"""The dashboard's pages through Django's test client: sign-in, launch form, job page, cancel."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth.models import User
+from django.test import Client
+from django_tasks_db.models import DBTaskResult
+
+from occviz.jobs.models import Job
+
+pytestmark = pytest.mark.django_db
+
+VALID = {"strategy": "occ", "writers": "4", "increments": "10", "retry": "k8s-default-backoff"}
+
+
+@pytest.fixture
+def alice() -> User:
+    return User.objects.create_user("alice", password="correct horse battery")
+
+
+@pytest.fixture
+def signed_in(client: Client, alice: User) -> Client:
+    client.force_login(alice)
+    return client
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["/", "/jobs/new/counter/", "/jobs/1/", "/jobs/1/replay/", "/jobs/compare/?ids=1,2", "/jobs/1/export.csv"],
+)
+def test_pages_send_anonymous_visitors_to_sign_in(client: Client, url: str) -> None:
+    response = client.get(url)
+    assert response.status_code == 302
+    assert response["Location"].startswith("/accounts/login/?next=")
+
+
+def test_script_endpoints_answer_anonymous_with_401(client: Client) -> None:
+    assert client.get("/jobs/1/events.json").status_code == 401
+    assert client.get("/jobs/1/summary.json").status_code == 401
+
+
+def test_anonymous_post_launches_nothing(client: Client) -> None:
+    response = client.post("/jobs/new/counter/", VALID)
+    assert response.status_code == 302
+    assert not Job.objects.exists()
+
+
+def test_a_user_signs_in_with_a_csrf_protected_form(alice: User) -> None:
+    client = Client(enforce_csrf_checks=True)
+    page = client.get("/accounts/login/")
+    assert b"csrfmiddlewaretoken" in page.content
+    rejected = client.post("/accounts/login/", {"username": "alice", "password": "correct horse battery"})
+    assert rejected.status_code == 403
+    token = page.cookies["csrftoken"].value
+    response = client.post(
+        "/accounts/login/",
+        {"username": "alice", "password": "correct horse battery", "csrfmiddlewaretoken": token},
+    )
+    assert response.status_code == 302
+    assert response["Location"] == "/"
+    assert client.get("/").status_code == 200
+
+
+def test_wrong_password_is_refused(client: Client, alice: User) -> None:
+    response = client.post("/accounts/login/", {"username": "alice", "password": "nope"})
+    assert response.status_code == 200
+    assert b"correct username and password" in response.content
+
+
+def test_sign_out_is_a_post(signed_in: Client) -> None:
+    assert signed_in.get("/accounts/logout/").status_code == 405
+    assert signed_in.post("/accounts/logout/").status_code == 200
+    assert signed_in.get("/").status_code == 302
+
+
+def test_home_shows_only_the_scenarios_that_exist_and_the_jobs(signed_in: Client, alice: User) -> None:
+    running = Job.objects.create(scenario="counter", strategy="occ", params={"writers": 7}, status="running")
+    done = Job.objects.create(
+        scenario="counter",
+        strategy="none",
+        params={"writers": 8},
+        status="succeeded",
+        invariant_ok=True,
+        summary={"conflicts": 0, "lost_updates": 42, "invariant": "42 updates lost, counted exactly"},
+    )
+    response = signed_in.get("/")
+    html = response.content.decode()
+    assert "Counter race" in html
+    assert "coming" not in html.lower()
+    assert f'href="/jobs/{running.pk}/"' in html
+    assert f'href="/jobs/{done.pk}/"' in html
+    assert "42 lost updates" in html
+    assert 'hx-trigger="every 2s"' in html
+
+
+def test_home_jobs_partial_for_htmx_polling(signed_in: Client) -> None:
+    Job.objects.create(scenario="counter", strategy="occ", params={"writers": 3}, status="queued")
+    response = signed_in.get("/", headers={"HX-Request": "true"})
+    html = response.content.decode()
+    assert html.lstrip().startswith('<section id="jobs"')
+    assert "<html" not in html
+
+
+def test_launch_form_renders_every_counter_field_and_the_presets(signed_in: Client) -> None:
+    html = signed_in.get("/jobs/new/counter/").content.decode()
+    for name in ("strategy", "writers", "increments", "seconds", "rows", "think_ms", "retry", "max_attempts"):
+        assert f'name="{name}"' in html
+    for title in (
+        "Lost update demo",
+        "k8s default backoff",
+        "k8s default retry",
+        "Pessimistic lock queue",
+        "Serializable retries",
+        "Atomic increment",
+    ):
+        assert title in html
+    assert 'hx-post="/jobs/new/counter/"' in html
+    assert "csrfmiddlewaretoken" in html
+
+
+def test_a_preset_fills_the_form(signed_in: Client) -> None:
+    html = signed_in.get("/jobs/new/counter/?preset=lost-update-demo").content.decode()
+    assert '<option value="none" selected>' in html
+    assert 'name="writers" value="8"' in html
+    assert 'name="think_ms" value="5"' in html
+    partial = signed_in.get("/jobs/new/counter/?preset=k8s-default-backoff", headers={"HX-Request": "true"})
+    text = partial.content.decode()
+    assert text.lstrip().startswith('<div id="launch">')
+    assert '<option value="occ" selected>' in text
+
+
+@pytest.mark.parametrize(
+    "slug",
+    [
+        "lost-update-demo",
+        "k8s-default-backoff",
+        "k8s-default-retry",
+        "pessimistic-lock-queue",
+        "serializable-retries",
+        "atomic-increment",
+    ],
+)
+def test_every_preset_is_a_valid_launch(signed_in: Client, slug: str) -> None:
+    from occviz.scenarios.counter import CounterForm
+    from occviz.web.presets import find_preset
+
+    preset = find_preset("counter", slug)
+    assert preset is not None
+    assert CounterForm(data=preset.params).is_valid()
+
+
+@pytest.mark.parametrize(
+    ("data", "field", "message"),
+    [
+        ({**VALID, "writers": "0"}, "writers", "greater than or equal to 1"),
+        ({**VALID, "writers": "100000"}, "writers", "OCCVIZ_MAX_WRITERS"),
+        ({**VALID, "strategy": "yolo"}, "strategy", "Select a valid choice"),
+        ({**VALID, "seconds": "2"}, "seconds", "not both"),
+        ({**VALID, "think_ms": "-1"}, "think_ms", "greater than or equal to 0"),
+    ],
+)
+def test_bad_input_shows_the_error_next_to_its_field_and_launches_nothing(
+    signed_in: Client, data: dict[str, str], field: str, message: str
+) -> None:
+    response = signed_in.post("/jobs/new/counter/", data)
+    assert response.status_code == 400
+    html = response.content.decode()
+    assert "Nothing was launched" in html
+    error_at = html.index(f'id="id_{field}_error"')
+    assert html.rindex(f'name="{field}"', 0, error_at) > html.rindex('data-field="', 0, error_at)
+    assert message in html[error_at : error_at + 400]
+    assert not Job.objects.exists()
+    assert not DBTaskResult.objects.exists()
+
+
+def test_bad_input_over_htmx_returns_the_form_partial_with_errors(signed_in: Client) -> None:
+    response = signed_in.post("/jobs/new/counter/", {**VALID, "writers": "-3"}, headers={"HX-Request": "true"})
+    assert response.status_code == 200  # htmx 2 only swaps 2xx answers
+    html = response.content.decode()
+    assert html.lstrip().startswith('<div id="launch">')
+    assert 'id="id_writers_error"' in html
+    assert not Job.objects.exists()
+
+
+def test_a_valid_launch_queues_a_job_and_its_task(
+    signed_in: Client, alice: User, django_capture_on_commit_callbacks: object
+) -> None:
+    with django_capture_on_commit_callbacks(execute=True):  # type: ignore[operator]
+        response = signed_in.post("/jobs/new/counter/", VALID)
+    job = Job.objects.get()
+    assert response.status_code == 302
+    assert response["Location"] == f"/jobs/{job.pk}/"
+    assert (job.status, job.strategy, job.created_by) == ("queued", "occ", alice)
+    assert job.params["writers"] == 4
+    task = DBTaskResult.objects.get()
+    assert task.task_path.endswith("run_job_task")
+    assert task.args_kwargs["args"] == [job.pk]
+    job.refresh_from_db()
+    assert job.task_id == str(task.id)
+
+
+def test_an_htmx_launch_redirects_with_hx_redirect(signed_in: Client) -> None:
+    response = signed_in.post("/jobs/new/counter/", VALID, headers={"HX-Request": "true"})
+    job = Job.objects.get()
+    assert response["HX-Redirect"] == f"/jobs/{job.pk}/"
+
+
+def test_unknown_scenario_is_404(signed_in: Client) -> None:
+    assert signed_in.get("/jobs/new/leader/").status_code == 404
+
+
+def test_job_page_has_the_timeline_charts_and_cancel(signed_in: Client, alice: User) -> None:
+    job = Job.objects.create(scenario="counter", strategy="occ", params={"writers": 4}, created_by=alice)
+    html = signed_in.get(f"/jobs/{job.pk}/").content.decode()
+    assert "data-timeline" in html
+    assert "data-rates" in html
+    assert f'action="/jobs/{job.pk}/cancel/"' in html
+    assert f'data-ws-path="/ws/jobs/{job.pk}/events/"' in html
+    assert f'ws-connect="/ws/jobs/{job.pk}/live/"' in html
+    for fragment in ("live-status", "live-counters", "live-rows", "live-log"):
+        assert f'id="{fragment}"' in html
+    assert "static/occviz/viz.js" in html
+
+
+def test_job_page_shows_the_verdict_of_a_finished_job(signed_in: Client) -> None:
+    job = Job.objects.create(
+        scenario="counter",
+        strategy="none",
+        params={"writers": 8},
+        status="succeeded",
+        invariant_ok=True,
+        summary={"invariant": "400 blind writes committed, the value rose by 97", "lost_updates": 303},
+    )
+    html = signed_in.get(f"/jobs/{job.pk}/").content.decode()
+    assert 'id="live-status"' in html
+    assert "Invariant holds" in html
+    assert "the value rose by 97" in html
+    assert "data-cancel" not in html
+    assert 'ws-connect="/ws/jobs/' not in html  # nothing left to follow
+    controls = signed_in.get(f"/jobs/{job.pk}/", headers={"HX-Request": "true", "HX-Target": "controls"})
+    assert controls.content.decode().lstrip().startswith('<div id="controls"')
+
+
+def test_cancel_a_queued_job(signed_in: Client, alice: User) -> None:
+    job = Job.objects.create(scenario="counter", strategy="occ", params={"writers": 4}, created_by=alice)
+    assert signed_in.get(f"/jobs/{job.pk}/cancel/").status_code == 405
+    response = signed_in.post(f"/jobs/{job.pk}/cancel/")
+    assert response.status_code == 302
+    job.refresh_from_db()
+    assert (job.status, job.cancel_requested) == ("cancelled", True)
+
+
+def test_cancel_a_running_job_asks_it_to_stop(signed_in: Client, alice: User) -> None:
+    job = Job.objects.create(scenario="counter", params={}, status="running", created_by=alice)
+    response = signed_in.post(f"/jobs/{job.pk}/cancel/", headers={"HX-Request": "true"})
+    assert response.status_code == 200
+    assert "cancelling" in response.content.decode()
+    job.refresh_from_db()
+    assert (job.status, job.cancel_requested) == ("running", True)
+
+
+def test_cancel_needs_csrf(alice: User) -> None:
+    job = Job.objects.create(scenario="counter", params={}, created_by=alice)
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(alice)
+    assert client.post(f"/jobs/{job.pk}/cancel/").status_code == 403
+    job.refresh_from_db()
+    assert job.status == "queued"
+
+
+def test_only_the_launcher_or_staff_cancel(signed_in: Client) -> None:
+    bob = User.objects.create_user("bob", password="x" * 12)
+    job = Job.objects.create(scenario="counter", params={}, created_by=bob)
+    assert signed_in.post(f"/jobs/{job.pk}/cancel/").status_code == 403
+    job.refresh_from_db()
+    assert job.status == "queued"
+    staff = User.objects.create_user("teacher", password="x" * 12, is_staff=True)
+    teacher = Client()
+    teacher.force_login(staff)
+    assert teacher.post(f"/jobs/{job.pk}/cancel/").status_code == 302
+    job.refresh_from_db()
+    assert job.status == "cancelled"
+
+
+def test_static_assets_are_served_by_the_app(signed_in: Client) -> None:
+    for path in ("/static/occviz/app.css", "/static/occviz/viz.js", "/static/occviz/pages.js"):
+        response = signed_in.get(path)
+        # whitenoise streams the file; close it (response.close() would also close the test's connection)
+        for closer in response._resource_closers:
+            closer()
+        assert response.status_code == 200, path
+    html = signed_in.get("/").content.decode()
+    assert "django_htmx/htmx-2" in html
+    assert "ext/hx-ws-2" in html
+    assert "https://" not in html
