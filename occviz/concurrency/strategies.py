@@ -73,13 +73,6 @@ class Retryable(Exception):
         self.fields = fields
 
 
-def _conflict_message(row: int) -> str:
-    return (
-        f'Operation cannot be fulfilled on counters "{row}": the object has been modified; '
-        "please apply your changes to the latest version and try again"
-    )
-
-
 def _read(writer: Writer, row: int, op: int, attempt: int, lock: str = "") -> tuple[int, int, float]:
     started = time.perf_counter()
     writer.cursor.execute(f"SELECT value, resource_version FROM store_counter WHERE id = %s{lock}", [row])
@@ -111,10 +104,10 @@ def _with_retries(writer: Writer, row: int, op: int, attempt_once: Callable[[int
                 raise
             writer.record(op, attempt, kind, row, detail={"message": str(error).strip()})
         if attempt == policy.max_attempts:
-            writer.record(op, attempt, "gave_up", row, detail={"attempts": attempt})
+            writer.record(op, attempt, "gave_up", row)
             return False
         wait_ms = policy.wait_ms(attempt, writer.rng)
-        writer.record(op, attempt, "retry", row, duration_ms=wait_ms, detail={"next_attempt": attempt + 1})
+        writer.record(op, attempt, "retry", row, duration_ms=wait_ms)
         if not writer.pause(wait_ms):
             return False
     return False
@@ -153,13 +146,9 @@ def occ(writer: Writer, row: int, op: int) -> bool:
         result = compare_and_swap(Counter, row, version, {"value": value + 1}, cursor=writer.cursor)
         took_ms = (time.perf_counter() - t) * 1000.0
         if result is None:
-            raise Retryable(
-                "conflict",
-                version_read=version,
-                value_read=value,
-                duration_ms=took_ms,
-                detail={"message": _conflict_message(row)},
-            )
+            # No detail: a conflict's message is always Kubernetes' one (VersionConflict), and
+            # storing it thousands of times a second would cost the job more than it tells.
+            raise Retryable("conflict", version_read=version, value_read=value, duration_ms=took_ms)
         return _committed(
             writer,
             row,
