@@ -150,7 +150,7 @@
   function setupCanvas(canvas, cssHeight) {
     const dpr = window.devicePixelRatio || 1;
     const width = canvas.clientWidth || canvas.parentElement.clientWidth || 600;
-    const height = cssHeight || canvas.clientHeight || Number(canvas.getAttribute("height")) || 200;
+    const height = cssHeight;
     if (canvas.width !== Math.round(width * dpr) || canvas.height !== Math.round(height * dpr)) {
       canvas.width = Math.round(width * dpr);
       canvas.height = Math.round(height * dpr);
@@ -389,6 +389,8 @@
   class RateChart {
     constructor(canvas) {
       this.canvas = canvas;
+      // Read once: drawing changes the attribute to device pixels.
+      this.cssHeight = Number(canvas.getAttribute("height")) || 200;
     }
 
     static maxRate(series) {
@@ -398,7 +400,7 @@
 
     /** `series` from JobModel.series or the compare view; yMax and xMaxMs let charts share a scale. */
     draw(series, { yMax, xMaxMs, cursor } = {}) {
-      const { ctx, width, height } = setupCanvas(this.canvas);
+      const { ctx, width, height } = setupCanvas(this.canvas, this.cssHeight);
       const left = 56;
       const bottom = height - 22;
       const top = 10;
