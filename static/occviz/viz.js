@@ -372,6 +372,10 @@
       if (best.duration_ms != null) lines.push([`took ${fmtMs(best.duration_ms)}`]);
       if (best.latency_ms != null) lines.push([`latency from first read ${fmtMs(best.latency_ms)}`]);
       if (best.detail && best.detail.overwrote) lines.push([`overwrote ${best.detail.overwrote} newer version(s)`]);
+      if (best.kind === "conflict") {
+        // What the Kubernetes API answers such a write: HTTP 409, reason Conflict.
+        lines.push([`409 Conflict: Operation cannot be fulfilled on counters "${best.row}": the object has been modified`]);
+      }
       if (best.detail && best.detail.message) lines.push([best.detail.message]);
       for (const [text, strong] of lines) {
         const div = document.createElement(strong ? "strong" : "div");

@@ -182,3 +182,26 @@ def test_compare_two_finished_jobs(page: Page, app_url: str, teacher: User) -> N
     expect(page.locator("[data-compare-chart]")).to_have_count(2)
     assert canvas_has_marks(page, '[data-compare-chart="0"]')
     assert canvas_has_marks(page, '[data-compare-chart="1"]')
+
+
+def test_a_finished_job_page_draws_its_stored_events_and_hover_explains_a_mark(
+    page: Page, app_url: str, teacher: User
+) -> None:
+    job = run_job(create_job("counter", {"strategy": "occ", "writers": 2, "increments": 30, "think_ms": 2}, teacher).pk)
+    sign_in(page, app_url, teacher)
+    page.goto(f"{app_url}/jobs/{job.pk}/")
+    expect(page.locator("#live-status .verdict-ok")).to_be_visible()
+    page.wait_for_function("document.querySelector('[data-page=job]').dataset.finished === '1'")
+    page.wait_for_timeout(300)
+    assert canvas_has_marks(page, "[data-timeline]")
+    box = page.locator("[data-timeline]").bounding_box()
+    assert box is not None
+    tooltip = page.locator("[data-tooltip]")
+    lane_y = box["y"] + 8 + 14  # the middle of writer 1's lane
+    x = box["x"] + 90
+    while x < box["x"] + box["width"] and not tooltip.is_visible():
+        page.mouse.move(x, lane_y)
+        x += 4
+    expect(tooltip).to_be_visible()
+    expect(tooltip).to_contain_text("writer 1")
+    expect(tooltip).to_contain_text("version read")
