@@ -53,7 +53,7 @@
 
     const draw = () => {
       // Live: the whole run while it is short, then the latest 10 s scrolling by.
-      const t1 = Math.max(model.maxT, 1000);
+      const t1 = finished ? Math.max(model.maxT, 1) : Math.max(model.maxT, 1000);
       const t0 = finished || t1 <= 10000 ? 0 : t1 - 10000;
       timeline.draw(model, { t0, t1, events: model.events });
       rates.draw(model.series());
@@ -223,7 +223,8 @@
       loadNote.textContent = `Loading the stored events… ${collected.length}`;
     }).then(() => {
       all = collected.sort((a, b) => a.t_ms - b.t_ms || a.seq - b.seq);
-      duration = all.length ? all[all.length - 1].t_ms : 0;
+      // Whole milliseconds: a slider's value may not round-trip a float exactly, and the end must show every event.
+      duration = all.length ? Math.ceil(all[all.length - 1].t_ms) : 0;
       const whole = modelFor(page);
       whole.add(collected.slice().sort((a, b) => a.seq - b.seq));
       fullRates = whole.series(duration);

@@ -281,6 +281,11 @@
           ctx.beginPath();
           ctx.arc(cx, cy, r, 0, 2 * Math.PI);
           ctx.fill();
+          if (e.detail && e.detail.overwrote) {
+            // A blind write that landed over newer versions: the updates it erased are lost.
+            ctx.strokeStyle = KIND_STYLE.conflict.color;
+            ctx.stroke();
+          }
           break;
         case "conflict":
           ctx.beginPath();

@@ -117,6 +117,8 @@ def test_a_lost_update_demo_reports_the_lost_updates(page: Page, app_url: str, t
     # The home page lists it with its verdict and its losses.
     page.goto(f"{app_url}/")
     expect(page.locator(f'tr[data-job="{job.pk}"]')).to_contain_text(f"{lost} lost update")
+    page.click("[data-large-type]")  # the classroom view
+    page.screenshot(path=str(artifacts / "home-large-type.png"), full_page=True)
 
 
 def test_bad_input_shows_the_error_inline_and_launches_nothing(page: Page, app_url: str, teacher: User) -> None:
