@@ -207,3 +207,10 @@ def test_a_finished_job_page_draws_its_stored_events_and_hover_explains_a_mark(
     expect(tooltip).to_be_visible()
     expect(tooltip).to_contain_text("writer 1")
     expect(tooltip).to_contain_text("version read")
+    # The exports stream through Daphne (an async iterator there), every event in order.
+    job.refresh_from_db()
+    for fmt, header in (("jsonl", 0), ("csv", 1)):
+        response = page.request.get(f"{app_url}/jobs/{job.pk}/export.{fmt}")
+        assert response.ok
+        assert len(response.text().splitlines()) == job.last_seq + header
+    assert page.request.get(f"{app_url}/jobs/{job.pk}/summary.json").json()["invariant_ok"] is True
