@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from channels.layers import get_channel_layer
 
-from occviz.live.frames import JobInfo, RunningTotals, event_from_recorded, read_rows
+from occviz.live.frames import JobInfo, RunningTotals, read_rows
 
 if TYPE_CHECKING:
     from occviz.jobs.models import Job
@@ -137,8 +137,8 @@ class JobPublisher:
         # a job resumed mid-way starts from what is stored; a new one from zero (no query)
         self.totals = RunningTotals.from_store(job.pk, job.last_seq)
 
-    def __call__(self, seq_from: int, seq_to: int, batch: Sequence[tuple[Any, ...]], _by_kind: dict[str, int]) -> None:
-        self.totals.add(event_from_recorded(seq, recorded) for seq, recorded in enumerate(batch, start=seq_from))
+    def __call__(self, seq_from: int, seq_to: int, batch: Sequence[tuple[Any, ...]]) -> None:
+        self.totals.add_recorded(batch)
         # One cheap query per flush (at most ten a second): the rows as they are now.
         rows, lost = read_rows(self.job)
         _sender.send(

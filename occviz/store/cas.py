@@ -38,13 +38,13 @@ def cas_statement(
     meta = model._meta
     sets = []
     for name, is_add in columns:
-        column = meta.get_field(name).column
+        column = _field(model, name).column
         sets.append(f'"{column}" = "{column}" + %s' if is_add else f'"{column}" = %s')
     sets.append('"resource_version" = "resource_version" + 1')
     where = f'"{meta.pk.column}" = %s'
     if check_version:
         where += ' AND "resource_version" = %s'
-    returned = ", ".join(f'"{meta.get_field(name).column}"' for name in returning)
+    returned = ", ".join(f'"{_field(model, name).column}"' for name in returning)
     return f'UPDATE "{meta.db_table}" SET {", ".join(sets)} WHERE {where} RETURNING {returned}'
 
 
@@ -62,19 +62,17 @@ def compare_and_swap(
 
     Returns the `returning` columns after the write (the new resource_version
     first by default), or None when no row matched: a conflict. `cursor` lets a
-    hot loop reuse its cursor; it must belong to the `using` connection.
+    hot loop reuse its cursor (a Django cursor, or a writer's PreparedSession);
+    its `db` is the connection the values are prepared for.
     """
     columns = tuple((name, isinstance(value, Add)) for name, value in changes.items())
     check_version = expected_version is not ANY
     sql = cas_statement(model, columns, check_version, tuple(returning))  # type: ignore[arg-type]
-    connection = connections[using]
-    params: list[Any] = []
-    for name, value in changes.items():
-        if isinstance(value, Add):
-            params.append(value.amount)
-        else:
-            field = model._meta.get_field(name)
-            params.append(field.get_db_prep_save(value, connection))
+    connection = cursor.db if cursor is not None else connections[using]
+    params: list[Any] = [
+        value.amount if isinstance(value, Add) else _field(model, name).get_db_prep_save(value, connection)
+        for name, value in changes.items()
+    ]
     params.append(pk)
     if check_version:
         params.append(expected_version)
@@ -84,3 +82,14 @@ def compare_and_swap(
     with connection.cursor() as own_cursor:
         own_cursor.execute(sql, params)
         return own_cursor.fetchone()
+
+
+_fields: dict[tuple[type[models.Model], str], Any] = {}
+
+
+def _field(model: type[models.Model], name: str) -> Any:
+    """model._meta.get_field, remembered: it runs on every write of the hot loop."""
+    key = (model, name)
+    if key not in _fields:
+        _fields[key] = model._meta.get_field(name)
+    return _fields[key]

@@ -46,7 +46,8 @@ class PreparedSession:
     """Cursor-like: `execute(sql, params)` with %s placeholders, then `fetchone()`."""
 
     def __init__(self, using: str = "default") -> None:
-        params = connections[using].get_connection_params()
+        self.db = connections[using]  # what compare_and_swap prepares values for
+        params = self.db.get_connection_params()
         params.pop("cursor_factory", None)
         params.pop("context", None)
         self._conn = psycopg.connect(**params, autocommit=True)
