@@ -83,7 +83,9 @@ def app_url(database_url: str, tmp_path: Path) -> Iterator[str]:
             log.close()
 
 
-@pytest.fixture(scope="session")
+# Module scope, not session: Playwright's sync API keeps an event loop running in this
+# thread until it stops, and the asyncio tests that run after the browser ones need it gone.
+@pytest.fixture(scope="module")
 def chromium() -> Iterator[Browser]:
     if not Path(CHROMIUM).exists():
         pytest.fail(f"{CHROMIUM} is missing: apt-get install -y chromium")
