@@ -80,9 +80,10 @@ class EventRecorder:
         detail: dict[str, Any] | None = None,
         t_ms: float | None = None,
     ) -> None:
+        # Times to the microsecond: finer digits are noise here, and they cost bytes in every frame.
         self._queue.append(
             (
-                self.now_ms() if t_ms is None else t_ms,
+                round(self.now_ms() if t_ms is None else t_ms, 3),
                 actor,
                 op,
                 attempt,
@@ -92,8 +93,8 @@ class EventRecorder:
                 version_written,
                 value_read,
                 value_written,
-                duration_ms,
-                latency_ms,
+                None if duration_ms is None else round(duration_ms, 3),
+                None if latency_ms is None else round(latency_ms, 3),
                 json.dumps(detail) if detail else "{}",
             )
         )
