@@ -11,12 +11,26 @@ from typing import Any
 from urllib.parse import quote
 
 import pytest
+from django.contrib.auth.models import User
 from django.db import connection
+from django.test import Client
 
 ROOT = Path(__file__).resolve().parent.parent
 
 # Playwright's sync API runs an event loop in the test thread; Django's ORM must still be usable there.
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+
+
+@pytest.fixture
+def alice(db: None) -> User:
+    return User.objects.create_user("alice", password="correct horse battery")
+
+
+@pytest.fixture
+def signed_in(client: Client, alice: User) -> Client:
+    """Django's test client, signed in as alice."""
+    client.force_login(alice)
+    return client
 
 
 @pytest.fixture(autouse=True)

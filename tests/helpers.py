@@ -10,9 +10,9 @@ from occviz.jobs.tasks import create_job
 from occviz.store.models import Counter
 
 
-def run_counter(**params: Any) -> Job:
+def run_counter(user: Any = None, **params: Any) -> Job:
     """Create and run a counter race to its end, in this process (actors are threads here)."""
-    job = create_job("counter", params)
+    job = create_job("counter", params, user)
     return run_job(job.pk)
 
 

@@ -12,34 +12,17 @@ from django.contrib.auth.models import User
 from django.test import Client
 
 from occviz.jobs.models import Event, Job
-from occviz.jobs.runner import run_job
-from occviz.jobs.tasks import create_job
+from tests.helpers import run_counter
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def run_counter(user: User, **params: Any) -> Job:
-    """A small, real counter race run to its end in this process: its events are in PostgreSQL."""
-    job = run_job(create_job("counter", params, user).pk)
-    job.refresh_from_db()  # the recorder moved last_seq in SQL
-    return job
-
-
-@pytest.fixture
-def alice() -> User:
-    return User.objects.create_user("alice", password="correct horse battery")
-
-
-@pytest.fixture
-def signed_in(client: Client, alice: User) -> Client:
-    client.force_login(alice)
-    return client
 
 
 @pytest.fixture
 def race(alice: User) -> Job:
     # Think time between read and write makes the writers collide: conflicts and retries happen.
-    job = run_counter(alice, strategy="occ", writers=4, increments=15, think_ms=1, retry="immediate", max_attempts=50)
+    job = run_counter(
+        user=alice, strategy="occ", writers=4, increments=15, think_ms=1, retry="immediate", max_attempts=50
+    )
     assert job.status == "succeeded"
     return job
 
@@ -129,7 +112,7 @@ def test_exports_page_through_jobs_larger_than_one_page(
     from occviz.web import events
 
     monkeypatch.setattr(events, "EXPORT_PAGE", 10)  # a few dozen events: several pages
-    job = run_counter(alice, strategy="atomic", writers=2, increments=20)
+    job = run_counter(user=alice, strategy="atomic", writers=2, increments=20)
     lines = b"".join(signed_in.get(f"/jobs/{job.pk}/export.jsonl").streaming_content).decode().splitlines()
     assert [json.loads(line)["seq"] for line in lines] == list(range(1, job.last_seq + 1))
     assert job.last_seq == 40
@@ -150,7 +133,7 @@ def test_summary_json(signed_in: Client, race: Job) -> None:
 
 
 def test_a_lost_update_race_reports_its_losses_on_the_job_page(signed_in: Client, alice: User) -> None:
-    job = run_counter(alice, strategy="none", writers=6, increments=10, think_ms=3)
+    job = run_counter(user=alice, strategy="none", writers=6, increments=10, think_ms=3)
     assert job.summary is not None
     assert job.summary["lost_updates"] > 0
     html = signed_in.get(f"/jobs/{job.pk}/").content.decode()
@@ -175,7 +158,7 @@ def test_replay_page(signed_in: Client, race: Job) -> None:
 
 
 def test_compare_puts_jobs_side_by_side_on_one_scale(signed_in: Client, alice: User, race: Job) -> None:
-    other = run_counter(alice, strategy="pessimistic", writers=4, increments=15, think_ms=1)
+    other = run_counter(user=alice, strategy="pessimistic", writers=4, increments=15, think_ms=1)
     response = signed_in.get(f"/jobs/compare/?ids={race.pk},{other.pk}")
     assert response.status_code == 200
     html = response.content.decode()

@@ -14,17 +14,6 @@ pytestmark = pytest.mark.django_db
 VALID = {"strategy": "occ", "writers": "4", "increments": "10", "retry": "k8s-default-backoff"}
 
 
-@pytest.fixture
-def alice() -> User:
-    return User.objects.create_user("alice", password="correct horse battery")
-
-
-@pytest.fixture
-def signed_in(client: Client, alice: User) -> Client:
-    client.force_login(alice)
-    return client
-
-
 @pytest.mark.parametrize(
     "url",
     ["/", "/jobs/new/counter/", "/jobs/1/", "/jobs/1/replay/", "/jobs/compare/?ids=1,2", "/jobs/1/export.csv"],
