@@ -88,7 +88,11 @@ def app_url(database_url: str, tmp_path: Path) -> Iterator[str]:
 @pytest.fixture(scope="module")
 def chromium() -> Iterator[Browser]:
     if not Path(CHROMIUM).exists():
-        pytest.fail(f"{CHROMIUM} is missing: apt-get install -y chromium")
+        # CI installs the package (.ci/run) and must run these; a developer without it is told how.
+        message = f"{CHROMIUM} is missing: apt-get install -y chromium (Playwright cannot download a browser here)"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(
             executable_path=CHROMIUM, args=["--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"]
