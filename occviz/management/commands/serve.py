@@ -9,6 +9,8 @@ process that holds it.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import secrets
 import signal
 import subprocess
@@ -28,6 +30,17 @@ from occviz.store.models import Counter, Lease, Pod, ResourceQuota
 MANAGE = str(Path(settings.BASE_DIR) / "manage.py")
 DEMO_USER = "demo"
 GRACE_S = 10.0
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: if serve is killed outright, the child gets SIGTERM instead of living on."""
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def _spawn(*args: str) -> subprocess.Popen[bytes]:
+    """A child in a session of its own: Ctrl-C reaches only serve, which stops the children in order."""
+    return subprocess.Popen([sys.executable, *args], start_new_session=True, preexec_fn=_die_with_parent)
 
 
 def ensure_demo_data() -> None:
@@ -72,54 +85,41 @@ class Command(BaseCommand):
         ensure_demo_data()
         password = reset_demo_user()
 
-        children: list[subprocess.Popen[bytes]] = []
         stopping = False
 
         def stop(signum: int, frame: object) -> None:
             nonlocal stopping
             stopping = True
 
-        signal.signal(signal.SIGINT, stop)
-        signal.signal(signal.SIGTERM, stop)
-        # Children get their own session: Ctrl-C reaches only this process, which stops them in order.
-        for number in range(1, workers + 1):
-            children.append(
-                subprocess.Popen(
-                    [
-                        sys.executable,
-                        MANAGE,
-                        "db_worker",
-                        "--no-reload",
-                        "--interval",
-                        "0.2",
-                        "--worker-id",
-                        f"w{number}",
-                    ],
-                    start_new_session=True,
-                )
-            )
-        web = subprocess.Popen(
-            [sys.executable, "-m", "daphne", "-b", host, "-p", str(port), "occviz.asgi:application"],
-            start_new_session=True,
-        )
-        children.append(web)
-        self.stdout.write(
-            f"\noccviz is serving http://{host}:{port}/  (admin: http://{host}:{port}/admin/)\n"
-            f"Sign in as {DEMO_USER!r} with password {password!r}\n"
-            f"{workers} job worker(s) running. Press Ctrl-C to stop.\n"
-        )
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(signum, stop)
+        children = [
+            _spawn(MANAGE, "db_worker", "--no-reload", "--interval", "0.2", "--worker-id", f"w{number}")
+            for number in range(1, workers + 1)
+        ]
+        children.append(_spawn("-m", "daphne", "-b", host, "-p", str(port), "occviz.asgi:application"))
         try:
+            self._say(
+                f"\noccviz is serving http://{host}:{port}/  (admin: http://{host}:{port}/admin/)\n"
+                f"Sign in as {DEMO_USER!r} with password {password!r}\n"
+                f"{workers} job worker(s) running. Press Ctrl-C to stop.\n"
+            )
             while not stopping:
-                if any(child.poll() is not None for child in children):
-                    dead = [child.args for child in children if child.poll() is not None]
+                dead = [child.args for child in children if child.poll() is not None]
+                if dead:
                     raise CommandError(f"a server process stopped unexpectedly: {dead}")
                 time.sleep(0.2)
         finally:
             self._shut_down(children)
-        self.stdout.write("occviz stopped.")
+        self._say("occviz stopped.")
+
+    def _say(self, text: str) -> None:
+        # Whoever read our output may be gone (a pipe closed by the same Ctrl-C): never let that skip the shutdown.
+        with contextlib.suppress(OSError):
+            self.stdout.write(text)
 
     def _shut_down(self, children: list[subprocess.Popen[bytes]]) -> None:
-        self.stdout.write("\nStopping: cancelling running jobs, then workers and the web server...")
+        self._say("\nStopping: cancelling running jobs, then workers and the web server...")
         Job.objects.filter(status=Job.Status.RUNNING).update(cancel_requested=True)
         for child in children:
             if child.poll() is None:
