@@ -13,6 +13,7 @@ committed). The retrying ones share `_with_retries`, so `occ`, `pessimistic` and
 
 from __future__ import annotations
 
+import functools
 import random
 import threading
 import time
@@ -53,9 +54,12 @@ class Writer:
     isolation: str = "serializable"
     lock_timeout_ms: int = 10_000
     cursor: PreparedSession = field(init=False, repr=False)
+    record: Callable[..., None] = field(init=False, repr=False)
+    """record(op, attempt, kind, row, **fields): this writer's events (the recorder's, with its number)."""
 
-    def record(self, op: int, attempt: int, kind: str, row: int | None, **fields: Any) -> None:
-        self.recorder.record(self.number, op, attempt, kind, row, **fields)
+    def __post_init__(self) -> None:
+        # A C-level partial, not a method that re-packs keyword arguments: it runs for every step.
+        self.record = functools.partial(self.recorder.record, self.number)
 
     def pause(self, ms: float) -> bool:
         """Sleep `ms` unless the job is stopped meanwhile; False if it was."""

@@ -78,12 +78,12 @@ class EventRecorder:
         duration_ms: float | None = None,
         latency_ms: float | None = None,
         detail: dict[str, Any] | None = None,
-        t_ms: float | None = None,
     ) -> None:
+        # Called for every step of every actor: keep it to one append.
         # Times to the microsecond: finer digits are noise here, and they cost bytes in every frame.
         self._queue.append(
             (
-                round(self.now_ms() if t_ms is None else t_ms, 3),
+                round((time.perf_counter() - self._t0) * 1000.0, 3),
                 actor,
                 op,
                 attempt,
