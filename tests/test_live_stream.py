@@ -28,6 +28,16 @@ from occviz.asgi import application
 from occviz.jobs.models import Event, Job
 from occviz.jobs.runner import run_job
 from occviz.jobs.tasks import create_job, launch
+from occviz.live.frames import (
+    EVENT_FIELDS,
+    MAX_EVENTS_PER_FRAME,
+    JobInfo,
+    StoreReader,
+    WireFrame,
+    merge_runs,
+    read_events,
+    wire_text,
+)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ORIGIN = (b"origin", b"http://127.0.0.1")
@@ -132,13 +142,21 @@ async def messages_until_close(communicator: WebsocketCommunicator, timeout: flo
         yield json.loads(output["text"])
 
 
+def as_objects(frame: dict[str, Any], fields: list[str] | None = None) -> list[dict[str, Any]]:
+    """A frame's events (arrays in the hello's `event_fields` order) as objects, as a client turns them back."""
+    names = list(EVENT_FIELDS) if fields is None else fields
+    assert all(isinstance(values, list) and len(values) == len(names) for values in frame["events"])
+    return [dict(zip(names, values, strict=True)) for values in frame["events"]]
+
+
 def assert_exactly_once(frames: list[dict[str, Any]], after: int, last_seq: int) -> None:
-    seqs = [event["seq"] for frame in frames for event in frame["events"]]
+    seqs = [event["seq"] for frame in frames for event in as_objects(frame)]
     assert seqs == list(range(after + 1, last_seq + 1))
     for frame in frames:
-        assert frame["seq_from"] == frame["events"][0]["seq"]
-        assert frame["seq_to"] == frame["events"][-1]["seq"]
-        assert len(frame["events"]) <= 2000
+        events = as_objects(frame)
+        assert frame["seq_from"] == events[0]["seq"]
+        assert frame["seq_to"] == events[-1]["seq"]
+        assert len(events) <= MAX_EVENTS_PER_FRAME
 
 
 def counter_job(**params: Any) -> Job:
@@ -188,7 +206,13 @@ async def test_finished_job_streams_everything_from_the_store_then_end(session_c
     assert hello["type"] == "hello"
     assert hello["job"]["status"] == "succeeded" and hello["job"]["last_seq"] == job.last_seq
     assert hello["after"] == 0
+    assert hello["event_fields"] == list(EVENT_FIELDS)
     assert_exactly_once(frames, 0, job.last_seq)
+    # Turned back into objects with the hello's field names, the events are exactly the stored ones.
+    streamed = [event for frame in frames for event in as_objects(frame, hello["event_fields"])]
+    stored = await sync_to_async(read_events)(job.pk, 0, job.last_seq)
+    assert streamed == stored
+    assert {event["kind"] for event in streamed} >= {"read", "committed"}
     assert frames[-1]["totals"]["committed"] == job.summary["committed"] == 120
     assert frames[-1]["totals"]["conflicts"] == job.summary["conflicts"]
     assert frames[-1]["totals"]["lost_updates"] == 0
@@ -208,6 +232,30 @@ async def test_large_ranges_are_split_and_totals_stay_exact(session_cookie: byte
     assert frames[-1]["totals"]["committed"] == job.summary["committed"]
     assert frames[-1]["totals"]["lost_updates"] == job.summary["lost_updates"]
     assert end["summary"]["lost_updates"] == job.summary["lost_updates"]
+
+
+async def test_merged_frames_say_what_one_frame_over_their_range_says() -> None:
+    """A viewer that fell behind gets consecutive frames joined into one message: the same JSON as one frame."""
+    job = await sync_to_async(lambda: run_job(counter_job(increments=100).pk))()
+    info = JobInfo(id=job.pk, scenario=job.scenario, strategy=job.strategy, params=dict(job.params))
+
+    def frames(limit: int) -> list[WireFrame]:
+        reader, found = StoreReader(info, 0), []
+        while (frame := reader.next_frame(job.last_seq, limit=limit)) is not None:
+            found.append(WireFrame.encoded(frame))
+        return found
+
+    small, (whole,) = await sync_to_async(frames)(97), await sync_to_async(frames)(job.last_seq)
+    assert len(small) > 5
+    (run,) = merge_runs(small, limit=job.last_seq)
+    assert json.loads(wire_text(job.pk, run)) == json.loads(wire_text(job.pk, [whole]))
+    # Runs never exceed the frame limit and never split a frame: every seq once, in order.
+    runs = merge_runs(small, limit=300)
+    assert all(sum(part.count for part in run) <= 300 for run in runs)
+    assert_exactly_once([json.loads(wire_text(job.pk, run)) for run in runs], 0, job.last_seq)
+    # A client that resumes inside a frame gets the rest of it only.
+    rest = json.loads(wire_text(job.pk, [small[1].after(small[1].seq_from + 3), *small[2:]]))
+    assert_exactly_once([rest], small[1].seq_from + 3, job.last_seq)
 
 
 async def test_bad_client_messages_get_an_error_and_change_nothing(session_cookie: bytes) -> None:

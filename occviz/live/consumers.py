@@ -22,7 +22,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.template.loader import render_to_string
 
 from occviz.live.feeds import JobFeed, JobState, aread_job_state, subscribe, unsubscribe
-from occviz.live.frames import Frame, StoreReader, Totals
+from occviz.live.frames import StoreReader, Totals, WireFrame, merge_runs, wire_text
 from occviz.live.logtext import log_lines
 
 # Close codes (4000-4999 are the application's own; see docs/live-protocol.md).
@@ -67,19 +67,29 @@ class _JobSocket(AsyncJsonWebsocketConsumer):
             feed, self.feed = self.feed, None
             await unsubscribe(feed)
 
-    async def follow(self, after: int) -> AsyncIterator[list[Frame]]:
-        """Every frame after `after`, in order, each sequence number once, in batches; ends when the job has."""
+    async def follow(self, after: int) -> AsyncIterator[list[WireFrame]]:
+        """Every frame after `after`, in order, each sequence number once, in batches; ends when the job has.
+
+        A batch is everything the feed holds past this viewer's position, so a viewer that
+        fell behind (its task ran late while others were sent their frames) catches up in
+        one step rather than frame by frame.
+        """
         if not self.state.finished and self.feed is None:
             self.feed = await subscribe(self.state)
         position = after
         reader: StoreReader | None = None
 
-        async def read_store(upto: int) -> Frame | None:
+        def read_encoded(upto: int) -> WireFrame | None:
+            assert reader is not None
+            frame = reader.next_frame(upto)
+            return None if frame is None else WireFrame(frame)
+
+        async def read_store(upto: int) -> WireFrame | None:
             nonlocal reader
             if reader is None:
                 reader = StoreReader(self.state.info, position)
             reader.seek(position)
-            return await database_sync_to_async(reader.next_frame)(upto)
+            return await database_sync_to_async(read_encoded)(upto)
 
         while True:
             feed = self.feed
@@ -87,19 +97,19 @@ class _JobSocket(AsyncJsonWebsocketConsumer):
                 frame = await read_store(self.state.last_seq)
                 if frame is None:
                     return
-                position = frame["seq_to"]
+                position = frame.seq_to
                 yield [frame]
                 continue
             changed = feed.changed  # taken before looking, so a change while we send is not missed
             frames = feed.frames_after(position)
             if frames:
-                position = frames[-1]["seq_to"]
+                position = frames[-1].seq_to
                 yield frames
                 continue
             if position < feed.window_after:  # history older than the feed's window
                 frame = await read_store(feed.window_after)
                 if frame is not None:
-                    position = frame["seq_to"]
+                    position = frame.seq_to
                     yield [frame]
                     continue
             if feed.ended and position >= feed.state.last_seq:
@@ -141,9 +151,11 @@ class JobEventsConsumer(_JobSocket):
         self.start_following(after)
 
     async def _stream(self, after: int) -> None:
+        job_id = self.state.info.id
         async for frames in self.follow(after):
-            for frame in frames:
-                await self.send(text_data=self.feed.encoded(frame) if self.feed else _encoded(frame))
+            # consecutive frames go as one message, up to MAX_EVENTS_PER_FRAME events
+            for run in merge_runs(frames):
+                await self.send(text_data=self.feed.encoded(run) if self.feed else wire_text(job_id, run))
         await self.send_json(self.state.end())
         await self.close(code=1000)
 
@@ -187,10 +199,6 @@ def _sequence_number(value: Any) -> int | None:
     return None
 
 
-def _encoded(frame: Frame) -> str:
-    return json.dumps(frame, separators=(",", ":"))
-
-
 class JobLiveConsumer(_JobSocket):
     """`/ws/jobs/<id>/live/`: server-rendered fragments swapped in by htmx (`hx-swap-oob`)."""
 
@@ -207,10 +215,10 @@ class JobLiveConsumer(_JobSocket):
     async def _stream(self, after: int) -> None:
         await self.send(text_data=self.render("status"))
         async for frames in self.follow(after):
-            for frame in frames:
-                self.lines.extend(log_lines(frame["events"][-self.LOG_LINES :]))
-            self.totals = frames[-1]["totals"]
-            self.rows = frames[-1]["rows"]
+            for frame in frames[-self.LOG_LINES :]:
+                self.lines.extend(log_lines(frame.frame["events"][-self.LOG_LINES :]))
+            self.totals = frames[-1].frame["totals"]
+            self.rows = frames[-1].frame["rows"]
             partials = ["counters", "rows", "log"]
             if self.feed is not None and self.feed.state.status != self.state.status:  # queued -> running
                 self.state = self.feed.state

@@ -7,6 +7,12 @@ Every viewer of the job in this process takes its frames from that window; only 
 viewer that is behind the window (it resumed from an old sequence number) reads
 the store itself, once, to catch up.
 
+Each window frame is encoded to JSON once, when it is read (`WireFrame`). A viewer
+that is behind by several frames gets them merged into one message (at most
+MAX_EVENTS_PER_FRAME events) by joining their encoded text: the cost of a viewer is
+one string per message it is sent, whatever the number of events, and viewers at the
+same position share that string.
+
 The layer may drop messages, so the feed also polls the job row (one query a
 second per job, not per viewer) when the layer has been silent: a dropped progress
 message only delays frames, a dropped end message only delays the end.
@@ -16,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import weakref
 from collections import deque
@@ -27,7 +32,7 @@ from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 
 from occviz.jobs.models import Job
-from occviz.live.frames import Frame, JobInfo, RowState, StoreReader
+from occviz.live.frames import EVENT_FIELDS, JobInfo, RowState, StoreReader, WireFrame, wire_text
 from occviz.live.publish import group_name
 
 logger = logging.getLogger(__name__)
@@ -55,6 +60,8 @@ class JobState:
     def hello(self, after: int) -> dict[str, Any]:
         return {
             "type": "hello",
+            # frames send each event as an array of these values, in this order
+            "event_fields": list(EVENT_FIELDS),
             "job": {
                 "id": self.info.id,
                 "scenario": self.info.scenario,
@@ -94,7 +101,7 @@ class JobFeed:
     def __init__(self, state: JobState) -> None:
         self.job_id = state.info.id
         self.state = state
-        self.frames: deque[Frame] = deque()
+        self.frames: deque[WireFrame] = deque()
         self._window_events = 0
         # Frames after this sequence number are (or will be) in the window; before it, viewers read the store.
         self.window_after = state.last_seq
@@ -116,28 +123,25 @@ class JobFeed:
         """The job is finished and every one of its events is in the window."""
         return self.state.finished and self._reader.position >= self.state.last_seq
 
-    def frames_after(self, position: int) -> list[Frame]:
+    def frames_after(self, position: int) -> list[WireFrame]:
         """The window's frames after `position`, contiguous from position + 1 (cut if one starts earlier)."""
-        found: list[Frame] = []
+        found: list[WireFrame] = []
         for frame in self.frames:
-            if frame["seq_to"] <= position:
+            if frame.seq_to <= position:
                 continue
-            if not found and frame["seq_from"] > position + 1:
+            if not found and frame.seq_from > position + 1:
                 return []  # the window starts later: the viewer reads the store first
-            if frame["seq_from"] <= position:
-                events = [event for event in frame["events"] if event["seq"] > position]
-                frame = {**frame, "seq_from": events[0]["seq"], "events": events}
-            found.append(frame)
+            found.append(frame.after(position) if not found else frame)
         return found
 
-    def encoded(self, frame: Frame) -> str:
-        """The frame as JSON text, encoded once for all the viewers that are sent the same frame."""
-        key = (frame["seq_from"], frame["seq_to"])
+    def encoded(self, parts: list[WireFrame]) -> str:
+        """One message for consecutive frames, built once for all the viewers that are sent the same range."""
+        key = (parts[0].seq_from, parts[-1].seq_to)
         text = self._texts.get(key)
         if text is None:
-            text = json.dumps(frame, separators=(",", ":"))
+            text = wire_text(self.job_id, parts)
             if len(self._texts) >= 2 * len(self.frames) + 16:
-                self._texts.clear()  # a cache of the window's frames only: viewers are rarely far apart
+                self._texts.clear()  # a cache of the window's ranges only: viewers are rarely far apart
             self._texts[key] = text
         return text
 
@@ -232,18 +236,23 @@ class JobFeed:
         """Read what is stored up to `known_seq` into the window, one frame per MAX_EVENTS_PER_FRAME events."""
         async with self._advancing:
             while self._reader.position < self.known_seq:
-                frame = await database_sync_to_async(self._reader.next_frame)(self.known_seq, self._rows)
+                # read and encoded in the database thread, once for every viewer in this process
+                frame = await database_sync_to_async(self._read_encoded)(self.known_seq, self._rows)
                 if frame is None:
                     break
                 self.frames.append(frame)
-                self._window_events += len(frame["events"])
-                while len(self.frames) > 1 and self._window_events - len(self.frames[0]["events"]) >= WINDOW_EVENTS:
+                self._window_events += frame.count
+                while len(self.frames) > 1 and self._window_events - self.frames[0].count >= WINDOW_EVENTS:
                     dropped = self.frames.popleft()
-                    self._window_events -= len(dropped["events"])
-                    self.window_after = dropped["seq_to"]
+                    self._window_events -= dropped.count
+                    self.window_after = dropped.seq_to
                 self._notify()
             if self.ended:
                 self._notify()
+
+    def _read_encoded(self, upto: int, rows: tuple[list[RowState], int | None] | None) -> WireFrame | None:
+        frame = self._reader.next_frame(upto, rows)
+        return None if frame is None else WireFrame.encoded(frame)
 
     def _notify(self) -> None:
         # Viewers hold the event they waited on; a fresh one is armed for the next change.

@@ -214,8 +214,15 @@ def event_from_recorded(seq: int, recorded: Sequence[Any]) -> dict[str, Any]:
     """An event as viewers see it, from a recorder batch tuple (EVENT_COLUMNS order, detail as JSON text)."""
     event = dict(zip(EVENT_FIELDS, (seq, *recorded), strict=True))
     detail = event["detail"]
-    event["detail"] = json.loads(detail) if isinstance(detail, str) else detail
+    if isinstance(detail, str):
+        # most kinds store no detail: skip the parser for them (a fresh dict each, never shared)
+        event["detail"] = {} if detail == "{}" else json.loads(detail)
     return event
+
+
+def event_array(event: dict[str, Any]) -> list[Any]:
+    """One event as the stream sends it: its values in EVENT_FIELDS order (the names are in the hello)."""
+    return [event[name] for name in EVENT_FIELDS]
 
 
 def read_events(job_id: int, after: int, limit: int) -> list[dict[str, Any]]:
@@ -264,6 +271,86 @@ def make_frame(job_id: int, events: list[dict[str, Any]], totals: Totals, rows: 
         "totals": totals,
         "rows": rows,
     }
+
+
+class WireFrame:
+    """A frame with its JSON encoded once, in two parts, so consecutive frames merge by joining text.
+
+    `events_json` is the frame's events as arrays (EVENT_FIELDS order), comma-separated,
+    without the enclosing brackets; `tail_json` is `,"totals":{...},"rows":[...]}`. A
+    merged frame takes the events of all its parts and the tail (totals and rows as of
+    its `seq_to`) of the last one, which is exactly what one frame over the whole range says.
+    Both are encoded on first use (the fragment socket never needs them); a feed
+    encodes its frames as it reads them, in the database thread.
+    """
+
+    __slots__ = ("_events_json", "_tail_json", "frame")
+
+    def __init__(self, frame: Frame) -> None:
+        self.frame = frame
+        self._events_json: str | None = None
+        self._tail_json: str | None = None
+
+    @classmethod
+    def encoded(cls, frame: Frame) -> WireFrame:
+        wire = cls(frame)
+        _ = (wire.events_json, wire.tail_json)  # encoded now, in the caller's thread
+        return wire
+
+    @property
+    def events_json(self) -> str:
+        if self._events_json is None:
+            text = json.dumps([event_array(event) for event in self.frame["events"]], separators=(",", ":"))
+            self._events_json = text[1:-1]
+        return self._events_json
+
+    @property
+    def tail_json(self) -> str:
+        if self._tail_json is None:
+            text = json.dumps({"totals": self.frame["totals"], "rows": self.frame["rows"]}, separators=(",", ":"))
+            self._tail_json = "," + text[1:]
+        return self._tail_json
+
+    @property
+    def seq_from(self) -> int:
+        return self.frame["seq_from"]
+
+    @property
+    def seq_to(self) -> int:
+        return self.frame["seq_to"]
+
+    @property
+    def count(self) -> int:
+        return len(self.frame["events"])
+
+    def after(self, position: int) -> WireFrame:
+        """This frame without its events up to `position` (a client that resumed in its middle)."""
+        if position < self.seq_from:
+            return self
+        events = [event for event in self.frame["events"] if event["seq"] > position]
+        return WireFrame({**self.frame, "seq_from": events[0]["seq"], "events": events})
+
+
+def wire_text(job_id: int, parts: Sequence[WireFrame]) -> str:
+    """One `frame` message covering consecutive `parts` (seq_from of the first to seq_to of the last)."""
+    return (
+        f'{{"type":"frame","job":{job_id},"seq_from":{parts[0].seq_from},"seq_to":{parts[-1].seq_to},'
+        f'"events":[{",".join(part.events_json for part in parts)}]{parts[-1].tail_json}'
+    )
+
+
+def merge_runs(parts: Sequence[WireFrame], limit: int = MAX_EVENTS_PER_FRAME) -> list[list[WireFrame]]:
+    """Consecutive parts grouped so that each group holds at most `limit` events (a part is never split)."""
+    runs: list[list[WireFrame]] = []
+    count = 0
+    for part in parts:
+        if runs and count + part.count <= limit:
+            runs[-1].append(part)
+            count += part.count
+        else:
+            runs.append([part])
+            count = part.count
+    return runs
 
 
 class StoreReader:

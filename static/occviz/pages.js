@@ -61,6 +61,8 @@
       if (countersEl) O.renderCounters(countersEl, model.totals());
       if (rowsEl) O.renderRows(rowsEl, model.rows);
       if (logEl) O.renderLog(logEl, model.events);
+      // The last event drawn, readable from outside (tests, a curious user's dev tools).
+      page.dataset.lastSeq = String(model.lastSeq);
       if (note && model.dropped) note.textContent = `The timeline shows the latest ${model.events.length} events; counters and rates count all ${model.lastSeq}.`;
     };
     const schedule = scheduler(draw);
@@ -117,14 +119,20 @@
         opened = true;
         socketFailures = 0;
       };
+      // Frames carry each event as an array of values in the order the hello names once.
+      let fields = null;
       socket.onmessage = (message) => {
         const data = JSON.parse(message.data);
-        if (data.type === "frame") {
+        if (data.type === "hello") {
+          fields = data.event_fields;
+        } else if (data.type === "frame") {
+          // Mapped to objects once, on receipt: everything after works on named fields.
+          const events = fields && data.events ? O.eventsFromArrays(fields, data.events) : null;
           serial(async () => {
-            const complete = data.events && data.events.length === data.seq_to - data.seq_from + 1;
+            const complete = events && events.length === data.seq_to - data.seq_from + 1;
             // A gap (a dropped frame) or a frame sent as a range only: read what is missing from the store.
             if (data.seq_from > model.lastSeq + 1 || !complete) await catchUp(data.seq_to);
-            else model.add(data.events);
+            else model.add(events);
             schedule();
           });
         } else if (data.type === "end") {

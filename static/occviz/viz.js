@@ -582,6 +582,19 @@
     return response.json();
   }
 
+  /** The stream's events (arrays in the order of the hello's `event_fields`) as objects keyed by field name. */
+  function eventsFromArrays(fields, rows) {
+    const n = fields.length;
+    const events = new Array(rows.length);
+    for (let i = 0; i < rows.length; i++) {
+      const row = rows[i];
+      const e = {};
+      for (let j = 0; j < n; j++) e[fields[j]] = row[j];
+      events[i] = e;
+    }
+    return events;
+  }
+
   /** Read stored events after `after` page by page; `onPage(page)` for each; resolves with the last page. */
   async function loadEvents(eventsUrl, after, onPage, { limit = 5000, until = Infinity } = {}) {
     let page;
@@ -603,6 +616,7 @@
     describe,
     fetchJSON,
     loadEvents,
+    eventsFromArrays,
     fmtMs,
     displayBin,
   };
