@@ -67,6 +67,9 @@ def test_a_new_user_launches_an_occ_race_and_watches_it_live(
     page.fill("input[name=increments]", "")
     page.fill("input[name=seconds]", "4")
     page.fill("input[name=think_ms]", "3")
+    # The page reads events.json only when the stream cannot give it a frame's events.
+    reads_from_store: list[str] = []
+    page.on("request", lambda request: reads_from_store.append(request.url) if "events.json" in request.url else None)
     page.click("button:has-text('Launch')")
     page.wait_for_url(re.compile(r"/jobs/\d+/$"))
     job_id = int(page.url.rstrip("/").rsplit("/", 1)[1])
@@ -87,6 +90,10 @@ def test_a_new_user_launches_an_occ_race_and_watches_it_live(
     assert seen_running == sorted(seen_running)
     expect(page.locator("#live-log li").first).to_be_visible()
     assert canvas_has_marks(page, "[data-timeline]")
+    # Drawn from the socket's frames (event arrays named by the hello's event_fields), not the store.
+    shown = page.get_attribute("[data-page=job]", "data-last-seq") or ""
+    assert shown.isdigit() and int(shown) > 0, shown
+    assert reads_from_store == [], reads_from_store
 
     expect(page.locator("#live-status .verdict-ok")).to_contain_text("Invariant holds", timeout=30_000)
     expect(page.locator("#live-status .verdict-ok")).to_contain_text("no update lost")
