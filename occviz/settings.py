@@ -81,7 +81,15 @@ else:
     from occviz.embedded import ensure_embedded_postgres
 
     _database = ensure_embedded_postgres(BASE_DIR / ".pgdata")
-DATABASES = {"default": {**_database, "CONN_MAX_AGE": 0, "TEST": {"NAME": envstr("TEST_DATABASE_NAME", "") or None}}}
+# Persistent connections: the live stream reads the store about ten times a second per job.
+DATABASES = {
+    "default": {
+        **_database,
+        "CONN_MAX_AGE": 60,
+        "CONN_HEALTH_CHECKS": True,
+        "TEST": {"NAME": envstr("TEST_DATABASE_NAME", "") or None},
+    }
+}
 # channels-postgres deletes group members through this alias; it is the same database.
 DATABASES["channels_postgres"] = {**DATABASES["default"], "TEST": {"MIRROR": "default"}}
 

@@ -312,7 +312,9 @@ async def test_the_layer_carries_a_workers_progress_to_this_process(
 ) -> None:
     channel_layer = get_channel_layer()
     assert channel_layer is not None
-    job = await sync_to_async(launch)("counter", {"strategy": "occ", "writers": 2, "increments": 50})
+    job = await sync_to_async(launch)(
+        "counter", {"strategy": "occ", "writers": 2, "increments": 50, "max_attempts": 1000}
+    )
     channel = await channel_layer.new_channel()
     await channel_layer.group_add(f"job-{job.pk}", channel)
     received: list[dict[str, Any]] = []
