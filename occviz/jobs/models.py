@@ -85,7 +85,9 @@ class Event(models.Model):
         SERIALIZATION_FAILURE = "serialization_failure"
         ERROR = "error"
 
-    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events")
+    # No index of its own: the unique (job, seq) index serves every lookup by job, and
+    # each index costs the event store work on every one of thousands of inserts a second.
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events", db_index=False)
     seq = models.BigIntegerField()
     t_ms = models.FloatField(help_text="Milliseconds since the job's actors were released.")
     actor = models.PositiveIntegerField()
