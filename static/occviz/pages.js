@@ -39,13 +39,20 @@
     return schedule;
   }
 
+  // What the job page and the replay page both draw into.
+  function vizParts(page) {
+    return {
+      model: modelFor(page),
+      timeline: new O.Timeline(page.querySelector("[data-timeline]"), page.querySelector("[data-tooltip]")),
+      rates: new O.RateChart(page.querySelector("[data-rates]")),
+      countersEl: page.querySelector("[data-counters]"),
+      rowsEl: page.querySelector("[data-rows]"),
+      logEl: page.querySelector("[data-log]"),
+    };
+  }
+
   function jobPage(page) {
-    const model = modelFor(page);
-    const timeline = new O.Timeline(page.querySelector("[data-timeline]"), page.querySelector("[data-tooltip]"));
-    const rates = new O.RateChart(page.querySelector("[data-rates]"));
-    const countersEl = page.querySelector("[data-counters]");
-    const rowsEl = page.querySelector("[data-rows]");
-    const logEl = page.querySelector("[data-log]");
+    const { model, timeline, rates, countersEl, rowsEl, logEl } = vizParts(page);
     const note = page.querySelector("[data-viz-note]");
     const eventsUrl = page.dataset.eventsUrl;
     let finished = page.dataset.finished === "1";
@@ -156,12 +163,7 @@
   }
 
   function replayPage(page) {
-    const model = modelFor(page);
-    const timeline = new O.Timeline(page.querySelector("[data-timeline]"), page.querySelector("[data-tooltip]"));
-    const rates = new O.RateChart(page.querySelector("[data-rates]"));
-    const countersEl = page.querySelector("[data-counters]");
-    const rowsEl = page.querySelector("[data-rows]");
-    const logEl = page.querySelector("[data-log]");
+    const { model, timeline, rates, countersEl, rowsEl, logEl } = vizParts(page);
     const play = page.querySelector("[data-play]");
     const speed = page.querySelector("[data-speed]");
     const scrub = page.querySelector("[data-scrub]");
