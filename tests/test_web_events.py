@@ -139,7 +139,8 @@ def test_a_lost_update_race_reports_its_losses_on_the_job_page(signed_in: Client
     html = signed_in.get(f"/jobs/{job.pk}/").content.decode()
     assert "Invariant holds" in html  # the losses were counted exactly
     assert f"{job.summary['lost_updates']} updates lost" in html
-    assert f'<dd data-counter="lost_updates">{job.summary["lost_updates"]}</dd>' in html
+    # Shown in red: the class is only there when updates were lost.
+    assert f'<dd data-counter="lost_updates" class="bad">{job.summary["lost_updates"]}</dd>' in html
 
 
 def test_job_page_first_render_has_the_final_counters_and_rows(signed_in: Client, race: Job) -> None:
