@@ -23,6 +23,7 @@ from typing import Any, TypedDict
 from django.db import connection
 
 from occviz.jobs.recorder import EVENT_COLUMNS
+from occviz.scenarios.counter import tally_rows
 
 # A frame never carries more events than this; a longer range becomes several frames.
 MAX_EVENTS_PER_FRAME = 2000
@@ -239,26 +240,18 @@ def read_events(job_id: int, after: int, limit: int) -> list[dict[str, Any]]:
 def read_rows(job: JobInfo) -> tuple[list[RowState], int | None]:
     """The job's contended rows now (the first MAX_ROWS_SHOWN) and the updates lost so far (None if unknown).
 
-    Counter race: every committed write, blind or not, moves its row's version by one,
-    so (versions written) - (value gained) is the number of increments erased, exact
-    for the rows as this query sees them, whatever the strategy.
+    The counter race tallies its own rows (`tally_rows`): the live layer only shows them.
     """
     if job.scenario != "counter":
         return [], None
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT id, name, value, resource_version FROM store_counter WHERE job_id = %s ORDER BY id", [job.id]
-        )
-        found = cursor.fetchall()
-    rows: list[RowState] = [
-        {"id": pk, "name": name, "value": value, "version": version} for pk, name, value, version in found
-    ]
-    if not rows:
+    tally = tally_rows(job.id, int(job.params.get("initial_value") or 0))
+    if not tally.rows:
         return [], None
-    initial = int(job.params.get("initial_value") or 0)
-    writes = sum(row["version"] - 1 for row in rows)
-    gained = sum(row["value"] for row in rows) - initial * len(rows)
-    return rows[:MAX_ROWS_SHOWN], writes - gained
+    rows: list[RowState] = [
+        {"id": pk, "name": name, "value": value, "version": version}
+        for pk, name, value, version in tally.rows[:MAX_ROWS_SHOWN]
+    ]
+    return rows, tally.lost_updates
 
 
 def make_frame(job_id: int, events: list[dict[str, Any]], totals: Totals, rows: list[RowState]) -> Frame:

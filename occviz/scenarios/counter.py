@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from django import forms
@@ -150,6 +151,33 @@ def _round(value: float | None, digits: int = 3) -> float | None:
     return None if value is None else round(value, digits)
 
 
+@dataclass(frozen=True)
+class RowTally:
+    """The job's counter rows as stored now, and what their versions and values say."""
+
+    rows: list[tuple[int, str, int, int]]  # (id, name, value, resource_version)
+    versions_written: int  # every committed write, blind or not, moved its row's version by exactly one
+    value_gained: int
+
+    @property
+    def lost_updates(self) -> int:
+        """Writes that landed but whose increment did not survive: erased by a blind write."""
+        return self.versions_written - self.value_gained
+
+
+def tally_rows(job_id: int, initial_value: int) -> RowTally:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT id, name, value, resource_version FROM store_counter WHERE job_id = %s ORDER BY id", [job_id]
+        )
+        rows = cursor.fetchall()
+    return RowTally(
+        rows=rows,
+        versions_written=sum(version - 1 for _, _, _, version in rows),
+        value_gained=sum(value - initial_value for _, _, value, _ in rows),
+    )
+
+
 def summarize(job: Job, params: dict[str, Any], rows: list[int], elapsed_s: float, seed: int) -> dict[str, Any]:
     """The job's figures, counted from its stored events and checked against its rows."""
     with connection.cursor() as cursor:
@@ -164,12 +192,7 @@ def summarize(job: Job, params: dict[str, Any], rows: list[int], elapsed_s: floa
             [job.pk],
         )
         latency = cursor.fetchone()[0]
-        cursor.execute(
-            "SELECT coalesce(sum(value), 0)::bigint, coalesce(sum(resource_version), 0)::bigint, count(*) "
-            "FROM store_counter WHERE id = ANY(%s)",
-            [rows],
-        )
-        final_value, final_versions, row_count = cursor.fetchone()
+    tally = tally_rows(job.pk, params["initial_value"])
 
     def count(kind: str) -> int:
         return int(by_kind.get(kind, (0, 0.0))[0])
@@ -178,9 +201,9 @@ def summarize(job: Job, params: dict[str, Any], rows: list[int], elapsed_s: floa
     conflicts = count("conflict")
     failures = conflicts + count("serialization_failure") + count("deadlock") + count("lock_timeout")
     initial_value = params["initial_value"] * len(rows)
-    gained = final_value - initial_value
-    # Each committed write, blind or not, moved its row's version by exactly one.
-    versions_written = final_versions - row_count
+    gained = tally.value_gained
+    final_value = initial_value + gained
+    versions_written = tally.versions_written
     lost = committed - gained
     strategy = params["strategy"]
     if strategy in PROTECTED:
