@@ -60,6 +60,20 @@ def test_a_cancelled_job_stops_its_actors_and_keeps_its_events() -> None:
     assert Event.objects.filter(job=job).count() == stored, "no actor writes after the job ended"
 
 
+def test_a_job_deleted_while_running_stops_and_leaves_no_events_behind() -> None:
+    # Events carry no foreign-key constraint (it cost more than the insert): the recorder
+    # itself must refuse to store events for a job that is gone.
+    job = create_job("counter", {"strategy": "occ", "writers": 2, "seconds": 60, "think_ms": 2})
+    runner = threading.Thread(target=run_in_thread, args=(job.pk,))
+    runner.start()
+    wait_for(lambda: Job.objects.get(pk=job.pk).last_seq > 20)
+    Job.objects.filter(pk=job.pk).delete()
+    runner.join(timeout=10)
+    assert not runner.is_alive(), "the actors must stop once their job is deleted"
+    assert not Event.objects.filter(job_id=job.pk).exists()
+    assert not Job.objects.filter(pk=job.pk).exists()
+
+
 def test_a_job_cancelled_while_queued_never_runs() -> None:
     job = create_job("counter", {"strategy": "occ", "writers": 2, "increments": 5})
     job.request_cancel()

@@ -43,6 +43,10 @@ _COPY = f"COPY jobs_event (job_id, seq, {', '.join(EVENT_COLUMNS)}) FROM STDIN"
 FlushListener = Callable[[int, int, Sequence[tuple[Any, ...]]], None]
 
 
+class JobDeleted(Exception):
+    """The job's row is gone: nothing more can be stored for it."""
+
+
 class EventRecorder:
     def __init__(self, job_id: int, *, interval: float = 0.1, last_seq: int = 0) -> None:
         self.job_id = job_id
@@ -149,10 +153,18 @@ class EventRecorder:
                 else:
                     cursor.execute("SELECT cancel_requested FROM jobs_job WHERE id = %s", [self.job_id])
                 row = cursor.fetchone()
+                if row is None:
+                    # The job was deleted while it ran: its events have nothing to belong to
+                    # (the table has no foreign key to refuse them), so this batch goes too.
+                    raise JobDeleted(self.job_id)
+        except JobDeleted:
+            logger.warning("job %s was deleted while running: stopping it, %d events dropped", self.job_id, len(batch))
+            self.on_cancel()
+            return
         except Exception:
             self._queue.extendleft(reversed(batch))
             raise
-        if row is not None and row[0]:
+        if row[0]:
             self.on_cancel()
         if not batch:
             return
