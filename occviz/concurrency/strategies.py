@@ -26,12 +26,19 @@ import psycopg
 
 from occviz.concurrency.retry import RetryPolicy
 from occviz.jobs.recorder import EventRecorder
-from occviz.store.cas import ANY, Add, compare_and_swap
+from occviz.store.cas import Add, swap_for
 from occviz.store.models import Counter
 from occviz.store.session import PreparedSession
 
 # A row-lock acquisition this slow was a wait behind another holder, not just the round trip.
 LOCK_WAIT_THRESHOLD_MS = 1.0
+
+# The writes of the counter race, built once: value = %s checked against the version read,
+# the same unchecked (a blind write), and value = value + 1 computed in place.
+_CHECKED = swap_for(Counter, (("value", False),), True)
+_BLIND = swap_for(Counter, (("value", False),), False)
+_IN_PLACE = swap_for(Counter, (("value", True),), False, ("resource_version", "value"))
+_READ = "SELECT value, resource_version FROM store_counter WHERE id = %s"
 
 _RETRYABLE_SQLSTATES = {
     "40001": "serialization_failure",
@@ -79,7 +86,7 @@ class Retryable(Exception):
 
 def _read(writer: Writer, row: int, op: int, attempt: int, lock: str = "") -> tuple[int, int, float]:
     started = time.perf_counter()
-    writer.cursor.execute(f"SELECT value, resource_version FROM store_counter WHERE id = %s{lock}", [row])
+    writer.cursor.execute(_READ + lock if lock else _READ, [row])
     found = writer.cursor.fetchone()
     if found is None:
         raise Counter.DoesNotExist(f"counter {row} was deleted while the job ran")
@@ -123,7 +130,7 @@ def none(writer: Writer, row: int, op: int) -> bool:
     if not writer.pause(writer.think_ms):
         return False
     t = time.perf_counter()
-    (written,) = compare_and_swap(Counter, row, ANY, {"value": value + 1}, cursor=writer.cursor)  # type: ignore[misc]
+    (written,) = _BLIND.run(row, None, (value + 1,), cursor=writer.cursor)  # type: ignore[misc]
     # Versions that landed between our read and our write were overwritten by it.
     overwrote = written - version - 1
     return _committed(
@@ -147,7 +154,7 @@ def occ(writer: Writer, row: int, op: int) -> bool:
         if not writer.pause(writer.think_ms):
             return False
         t = time.perf_counter()
-        result = compare_and_swap(Counter, row, version, {"value": value + 1}, cursor=writer.cursor)
+        result = _CHECKED.run(row, version, (value + 1,), cursor=writer.cursor)
         took_ms = (time.perf_counter() - t) * 1000.0
         if result is None:
             # No detail: a conflict's message is always Kubernetes' one (VersionConflict), and
@@ -182,7 +189,7 @@ def pessimistic(writer: Writer, row: int, op: int) -> bool:
             if not writer.pause(writer.think_ms):
                 return False
             t = time.perf_counter()
-            result = compare_and_swap(Counter, row, version, {"value": value + 1}, cursor=writer.cursor)
+            result = _CHECKED.run(row, version, (value + 1,), cursor=writer.cursor)
             if result is None:  # cannot happen under FOR UPDATE; FOR SHARE deadlocks before it gets here
                 raise Retryable("conflict", version_read=version, value_read=value)
         return _committed(
@@ -210,7 +217,7 @@ def serializable(writer: Writer, row: int, op: int) -> bool:
             if not writer.pause(writer.think_ms):
                 return False
             t = time.perf_counter()
-            result = compare_and_swap(Counter, row, version, {"value": value + 1}, cursor=writer.cursor)
+            result = _CHECKED.run(row, version, (value + 1,), cursor=writer.cursor)
             if result is None:
                 raise Retryable("conflict", version_read=version, value_read=value)
         # The commit itself can fail with 40001: only after it is this increment committed.
@@ -232,9 +239,7 @@ def serializable(writer: Writer, row: int, op: int) -> bool:
 
 def atomic(writer: Writer, row: int, op: int) -> bool:
     started = time.perf_counter()
-    written, value = compare_and_swap(  # type: ignore[misc]
-        Counter, row, ANY, {"value": Add(1)}, returning=("resource_version", "value"), cursor=writer.cursor
-    )
+    written, value = _IN_PLACE.run(row, None, (Add(1),), cursor=writer.cursor)  # type: ignore[misc]
     return _committed(
         writer,
         row,

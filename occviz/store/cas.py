@@ -1,4 +1,4 @@
-"""The one path that bumps a resource_version: compare_and_swap().
+"""The one path that bumps a resource_version: compare_and_swap(), and the Swap it runs.
 
     UPDATE <table> SET <changes>, resource_version = resource_version + 1
     WHERE id = %s AND resource_version = %s
@@ -8,13 +8,13 @@ Zero rows updated is a conflict: someone else wrote since the caller read. The
 scenarios, the admin and the API all write through here. The strategies that skip
 the check (`none`'s blind write, `atomic`'s in-place increment) pass ANY as the
 expected version, so even they move the version and the cost of skipping the
-check stays visible.
+check stays visible. A hot loop takes its Swap once (`swap_for`) and runs it per write.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -31,21 +31,72 @@ class Add:
     amount: int
 
 
+class Swap:
+    """One shape of compare-and-swap (which columns, checked or blind, what comes back), built once.
+
+    A hot loop takes its Swap once (`swap_for`) and calls `run` for every write: the SQL
+    is built and the fields looked up here, not on each call.
+    """
+
+    __slots__ = ("_integer", "_is_add", "check_version", "fields", "sql")
+
+    def __init__(
+        self,
+        model: type[models.Model],
+        columns: tuple[tuple[str, bool], ...],
+        check_version: bool,
+        returning: tuple[str, ...],
+    ) -> None:
+        meta = model._meta
+        self.fields = tuple(meta.get_field(name) for name, _ in columns)
+        self._is_add = tuple(is_add for _, is_add in columns)
+        # A plain int bound for an integer column needs none of Django's preparation.
+        self._integer = tuple(isinstance(field, models.IntegerField) for field in self.fields)
+        self.check_version = check_version
+        sets = [
+            f'"{field.column}" = "{field.column}" + %s' if is_add else f'"{field.column}" = %s'
+            for field, is_add in zip(self.fields, self._is_add, strict=True)
+        ]
+        sets.append('"resource_version" = "resource_version" + 1')
+        where = f'"{meta.pk.column}" = %s'
+        if check_version:
+            where += ' AND "resource_version" = %s'
+        returned = ", ".join(f'"{meta.get_field(name).column}"' for name in returning)
+        self.sql = f'UPDATE "{meta.db_table}" SET {", ".join(sets)} WHERE {where} RETURNING {returned}'
+
+    def run(
+        self, pk: Any, expected_version: Any, values: Iterable[Any], *, cursor: Any = None, using: str = "default"
+    ) -> tuple[Any, ...] | None:
+        """Write `values` (in this Swap's column order); the returned columns, or None on a conflict."""
+        connection = cursor.db if cursor is not None else connections[using]
+        params: list[Any] = []
+        for value, field, is_add, integer in zip(values, self.fields, self._is_add, self._integer, strict=True):
+            if is_add:
+                params.append(value.amount)
+            elif integer and type(value) is int:
+                params.append(value)
+            else:
+                params.append(field.get_db_prep_save(value, connection))
+        params.append(pk)
+        if self.check_version:
+            params.append(expected_version)
+        if cursor is not None:
+            cursor.execute(self.sql, params)
+            return cursor.fetchone()
+        with connection.cursor() as own_cursor:
+            own_cursor.execute(self.sql, params)
+            return own_cursor.fetchone()
+
+
 @functools.cache
-def cas_statement(
-    model: type[models.Model], columns: tuple[tuple[str, bool], ...], check_version: bool, returning: tuple[str, ...]
-) -> str:
-    meta = model._meta
-    sets = []
-    for name, is_add in columns:
-        column = _field(model, name).column
-        sets.append(f'"{column}" = "{column}" + %s' if is_add else f'"{column}" = %s')
-    sets.append('"resource_version" = "resource_version" + 1')
-    where = f'"{meta.pk.column}" = %s'
-    if check_version:
-        where += ' AND "resource_version" = %s'
-    returned = ", ".join(f'"{_field(model, name).column}"' for name in returning)
-    return f'UPDATE "{meta.db_table}" SET {", ".join(sets)} WHERE {where} RETURNING {returned}'
+def swap_for(
+    model: type[models.Model],
+    columns: tuple[tuple[str, bool], ...],
+    check_version: bool,
+    returning: tuple[str, ...] = ("resource_version",),
+) -> Swap:
+    """The Swap for writing `columns` ((name, is Add) pairs) of `model`, checked against a version or not."""
+    return Swap(model, columns, check_version, returning)
 
 
 def compare_and_swap(
@@ -66,30 +117,5 @@ def compare_and_swap(
     its `db` is the connection the values are prepared for.
     """
     columns = tuple((name, isinstance(value, Add)) for name, value in changes.items())
-    check_version = expected_version is not ANY
-    sql = cas_statement(model, columns, check_version, tuple(returning))  # type: ignore[arg-type]
-    connection = cursor.db if cursor is not None else connections[using]
-    params: list[Any] = [
-        value.amount if isinstance(value, Add) else _field(model, name).get_db_prep_save(value, connection)
-        for name, value in changes.items()
-    ]
-    params.append(pk)
-    if check_version:
-        params.append(expected_version)
-    if cursor is not None:
-        cursor.execute(sql, params)
-        return cursor.fetchone()
-    with connection.cursor() as own_cursor:
-        own_cursor.execute(sql, params)
-        return own_cursor.fetchone()
-
-
-_fields: dict[tuple[type[models.Model], str], Any] = {}
-
-
-def _field(model: type[models.Model], name: str) -> Any:
-    """model._meta.get_field, remembered: it runs on every write of the hot loop."""
-    key = (model, name)
-    if key not in _fields:
-        _fields[key] = model._meta.get_field(name)
-    return _fields[key]
+    swap = swap_for(model, columns, expected_version is not ANY, tuple(returning))
+    return swap.run(pk, expected_version, changes.values(), cursor=cursor, using=using)

@@ -31,15 +31,27 @@ _BOOL_OID = 16
 
 
 def _encode(value: Any) -> bytes | None:
+    if type(value) is int:  # nearly every parameter of the hot loop
+        return str(value).encode()
     if value is None:
         return None
     if isinstance(value, bool):
         return b"t" if value else b"f"
-    if isinstance(value, int | float | str):
+    if isinstance(value, (int, float, str)):
         return str(value).encode()
     if isinstance(value, dict | list):
         return json.dumps(value).encode()
     raise TypeError(f"cannot send {type(value).__name__} as a statement parameter")
+
+
+def _decode(raw: bytes | None, oid: int) -> Any:
+    if raw is None:
+        return None
+    if oid in _INTEGER_OIDS:
+        return int(raw)
+    if oid == _BOOL_OID:
+        return raw == b"t"
+    return raw.decode()
 
 
 class PreparedSession:
@@ -83,19 +95,7 @@ class PreparedSession:
         result = self._result
         if result is None or result.ntuples == 0:
             return None
-        row: list[Any] = []
-        for column in range(result.nfields):
-            raw = result.get_value(0, column)
-            oid = result.ftype(column)
-            if raw is None:
-                row.append(None)
-            elif oid in _INTEGER_OIDS:
-                row.append(int(raw))
-            elif oid == _BOOL_OID:
-                row.append(raw == b"t")
-            else:
-                row.append(raw.decode())
-        return tuple(row)
+        return tuple(_decode(result.get_value(0, column), result.ftype(column)) for column in range(result.nfields))
 
     @contextmanager
     def transaction(self, isolation: str = "") -> Iterator[None]:

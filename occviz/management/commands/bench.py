@@ -27,7 +27,7 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connection
 
-from occviz.store.cas import cas_statement
+from occviz.store.cas import swap_for
 from occviz.store.models import Counter
 
 MANAGE = str(Path(settings.BASE_DIR) / "manage.py")
@@ -60,7 +60,7 @@ def pgbench_env() -> dict[str, str]:
 
 def pgbench_script(row_id: int) -> str:
     """The engine's CAS statement, with pgbench variables in place of its parameters."""
-    update = cas_statement(Counter, (("value", False),), True, ("resource_version",))
+    update = swap_for(Counter, (("value", False),), True).sql
     update = update.replace("%s", ":v + 1", 1).replace("%s", str(row_id), 1).replace("%s", ":rv", 1)
     return f"SELECT value AS v, resource_version AS rv FROM store_counter WHERE id = {row_id} \\gset\n{update};\n"
 
