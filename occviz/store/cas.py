@@ -117,5 +117,5 @@ def compare_and_swap(
     its `db` is the connection the values are prepared for.
     """
     columns = tuple((name, isinstance(value, Add)) for name, value in changes.items())
-    swap = swap_for(model, columns, expected_version is not ANY, tuple(returning))
+    swap = swap_for(model, columns, expected_version is not ANY, tuple(returning))  # type: ignore[arg-type]
     return swap.run(pk, expected_version, changes.values(), cursor=cursor, using=using)
