@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import sys
@@ -9,9 +10,10 @@ import threading
 import time
 
 import pytest
+from django.contrib.auth.models import User
 from django.db import connections
 
-from occviz.jobs.models import Event, Job
+from occviz.jobs.models import Event, EventBatch, Job
 from occviz.jobs.runner import run_job
 from occviz.jobs.tasks import create_job, launch
 from tests.conftest import ROOT
@@ -129,3 +131,50 @@ def test_a_launched_job_is_run_by_a_db_worker(database_url: str) -> None:
     assert job.status == Job.Status.SUCCEEDED, output
     assert job.summary["committed"] + job.summary["gave_up"] == 80
     assert job.summary["invariant_ok"] is True
+
+
+def test_events_are_stored_a_batch_a_flush_and_read_one_by_one() -> None:
+    job = create_job("counter", {"strategy": "none", "writers": 4, "seconds": 0.6, "think_ms": 1, "rows": 2})
+    job = run_job(job.pk)
+    batches = list(EventBatch.objects.filter(job=job).order_by("seq_from"))
+    assert len(batches) >= 3, "a 0.6 s job flushes several times (every 0.1 s)"
+    # Contiguous ranges, each as long as its arrays, ending at the job's last_seq.
+    assert batches[0].seq_from == 1 and batches[-1].seq_to == job.last_seq
+    for before, after in itertools.pairwise(batches):
+        assert after.seq_from == before.seq_to + 1
+    for batch in batches:
+        size = batch.seq_to - batch.seq_from + 1
+        assert {len(batch.t_ms), len(batch.kind), len(batch.latency_ms), len(batch.version_written)} == {size}
+    # The view gives back exactly what the arrays hold, NULLs and details included.
+    stored = events(job)
+    assert [event.seq for event in stored] == list(range(1, job.last_seq + 1))
+    last = batches[-1]
+    for position, event in enumerate(stored[last.seq_from - 1 :]):
+        assert (event.kind, event.t_ms, event.version_written) == (
+            last.kind[position],
+            last.t_ms[position],
+            last.version_written[position],
+        )
+    reads = [event for event in stored if event.kind == "read"]
+    assert all(event.version_written is None and event.latency_ms is None for event in reads)
+    # `none` with think time overwrites other writers: those commits say by how many.
+    overwriting = [event for event in stored if event.detail]
+    assert overwriting and all(event.kind == "committed" and event.detail["overwrote"] >= 1 for event in overwriting)
+
+
+def test_the_admin_lists_a_jobs_events_and_shows_one(client) -> None:  # type: ignore[no-untyped-def]
+    User.objects.create_superuser("root", "root@example.com", "pw-for-root")
+    client.login(username="root", password="pw-for-root")
+    job = run_job(create_job("counter", {"strategy": "occ", "writers": 2, "increments": 5}).pk)
+    other = run_job(create_job("counter", {"strategy": "atomic", "writers": 1, "increments": 3}).pk)
+    everything = client.get("/admin/jobs/event/")
+    assert everything.status_code == 200
+    assert f"{job.last_seq + other.last_seq} events" in everything.content.decode()
+    one_job = client.get(f"/admin/jobs/event/?job={other.pk}")
+    assert one_job.status_code == 200
+    assert f"{other.last_seq} events" in one_job.content.decode()
+    event = Event.objects.get(job=job, seq=3)
+    page = client.get(f"/admin/jobs/event/{event.pk}/change/")
+    assert page.status_code == 200
+    assert event.kind in page.content.decode()
+    assert client.get(f"/admin/jobs/event/{(job.pk << 32) + 10_000}/change/").status_code == 302  # no such event

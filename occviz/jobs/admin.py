@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from functools import cached_property
+from typing import Any
+
 from django.contrib import admin
+from django.core.paginator import Paginator
+from django.db import connection
 from django.http import HttpRequest
 
-from occviz.jobs.models import Event, Job
+from occviz.jobs.models import Event, EventBatch, Job
 
 
 @admin.register(Job)
@@ -15,12 +20,41 @@ class JobAdmin(admin.ModelAdmin):
     readonly_fields = [field.name for field in Job._meta.fields]
 
 
+class EventPaginator(Paginator):
+    """Counts all events from their batches' ranges: counting the view itself would unnest every batch."""
+
+    @cached_property
+    def count(self) -> int:
+        if self.object_list.query.where:
+            return super().count
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT coalesce(sum(seq_to - seq_from + 1), 0) FROM {EventBatch._meta.db_table}")
+            return int(cursor.fetchone()[0])
+
+
 @admin.register(Event)
 class EventAdmin(admin.ModelAdmin):
+    """Events of every job; ?job=<id> narrows the list to one job (and makes it cheap to count)."""
+
     list_display = ["job", "seq", "t_ms", "actor", "op", "attempt", "kind", "version_read", "version_written"]
     list_filter = ["kind"]
     list_select_related = ["job"]
     show_full_result_count = False
+    paginator = EventPaginator
+
+    def lookup_allowed(self, lookup: str, value: str, request: HttpRequest | None = None) -> bool:
+        return lookup in ("job", "job__id__exact") or super().lookup_allowed(lookup, value, request)
+
+    def get_object(self, request: HttpRequest, object_id: str, from_field: str | None = None) -> Any:
+        # The id is (job << 32) + seq: look the event up by its job, so only that job's batches are unnested.
+        try:
+            key = int(object_id)
+        except ValueError:
+            return None
+        return self.get_queryset(request).filter(job_id=key >> 32, seq=key & 0xFFFFFFFF).first()
+
+    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False  # events go with their job
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
+from django.contrib.postgres.fields import ArrayField
 from django.db import models
 from django.utils import timezone
 
@@ -67,10 +68,47 @@ class Job(models.Model):
         self.refresh_from_db(fields=["status", "cancel_requested"])
 
 
+class EventBatch(models.Model):
+    """One flush of a job's event recorder: events seq_from..seq_to, stored column by column.
+
+    A job records thousands of events a second. Stored as one row each, PostgreSQL spent
+    more on inserting them (a heap tuple, an index entry and WAL each) than on the job's
+    own writes; stored as one row a flush, with one array per column, it costs a few
+    inserts a second. Element i of every array is event seq_from + i. Read events through
+    `Event`, the view that unnests these rows.
+    """
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="event_batches", db_index=False)
+    seq_from = models.BigIntegerField()
+    seq_to = models.BigIntegerField()
+    t_ms = ArrayField(models.FloatField())
+    actor = ArrayField(models.IntegerField())
+    op = ArrayField(models.IntegerField())
+    attempt = ArrayField(models.IntegerField())
+    kind = ArrayField(models.CharField(max_length=24))
+    row = ArrayField(models.BigIntegerField(null=True))
+    version_read = ArrayField(models.BigIntegerField(null=True))
+    version_written = ArrayField(models.BigIntegerField(null=True))
+    value_read = ArrayField(models.BigIntegerField(null=True))
+    value_written = ArrayField(models.BigIntegerField(null=True))
+    duration_ms = ArrayField(models.FloatField(null=True))
+    latency_ms = ArrayField(models.FloatField(null=True))
+    detail = models.JSONField(default=dict, help_text="The few events with a detail, by position in the batch.")
+
+    class Meta:
+        ordering = ["job", "seq_from"]
+        # (job, seq_to) finds the batches holding the events after a given seq without unnesting the others.
+        constraints = [models.UniqueConstraint(fields=["job", "seq_to"], name="eventbatch_unique_seq_to")]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} events {self.seq_from}..{self.seq_to}"
+
+
 class Event(models.Model):
     """One step of one actor: a read, a compare-and-swap's outcome, a wait.
 
-    Written in batches by the job's EventRecorder (COPY), numbered by `seq` within the job.
+    Numbered by `seq` within the job. Read-only: a view (`jobs_event`) over the
+    EventBatch rows the job's EventRecorder writes, one row per event.
     """
 
     class Kind(models.TextChoices):
@@ -85,18 +123,16 @@ class Event(models.Model):
         SERIALIZATION_FAILURE = "serialization_failure"
         ERROR = "error"
 
-    # No index of its own: the unique (job, seq) index serves every lookup by job, and
-    # each index costs the event store work on every one of thousands of inserts a second.
-    # No foreign-key constraint either: PostgreSQL would check it row by row (about 8 us an
-    # event, more than the insert itself). The recorder moves the job's last_seq in the same
-    # transaction as each batch and rolls the batch back if the job is gone; deleting a job
-    # deletes its events through Django's cascade.
-    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events", db_index=False, db_constraint=False)
+    # (job id << 32) + seq: one number per event, as the admin needs (it refuses composite keys).
+    id = models.BigIntegerField(primary_key=True)
+    job = models.ForeignKey(
+        Job, on_delete=models.DO_NOTHING, related_name="events", db_constraint=False, db_index=False
+    )
     seq = models.BigIntegerField()
     t_ms = models.FloatField(help_text="Milliseconds since the job's actors were released.")
-    actor = models.PositiveIntegerField()
-    op = models.PositiveIntegerField(help_text="The actor's operation number (its n-th increment).")
-    attempt = models.PositiveIntegerField()
+    actor = models.IntegerField()
+    op = models.IntegerField(help_text="The actor's operation number (its n-th increment).")
+    attempt = models.IntegerField()
     kind = models.CharField(max_length=24, choices=Kind.choices)
     row = models.BigIntegerField(null=True, blank=True, help_text="Primary key of the contended object.")
     version_read = models.BigIntegerField(null=True, blank=True)
@@ -108,8 +144,9 @@ class Event(models.Model):
     detail = models.JSONField(default=dict, blank=True)
 
     class Meta:
+        managed = False
+        db_table = "jobs_event"
         ordering = ["job", "seq"]
-        constraints = [models.UniqueConstraint(fields=["job", "seq"], name="event_unique_seq")]
 
     def __str__(self) -> str:
         return f"#{self.seq} actor {self.actor} {self.kind}"

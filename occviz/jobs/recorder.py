@@ -3,9 +3,10 @@
 Actors must not wait on the event store, so `record()` only appends to an
 in-process deque (append and popleft are atomic, no lock needed). A flusher thread
 drains it every `interval` seconds, numbers the events with the job's sequence,
-COPYs them in and moves `Job.last_seq` in the same transaction, so a reader that
-sees `last_seq = n` finds every event up to n. The same statement reads the job's
-cancel flag, which is how a cancel reaches the actors (`on_cancel`).
+stores them as one EventBatch row (an array per column) and moves `Job.last_seq` in
+the same transaction, so a reader that sees `last_seq = n` finds every event up to n.
+The same statement reads the job's cancel flag, which is how a cancel reaches the
+actors (`on_cancel`).
 """
 
 from __future__ import annotations
@@ -37,7 +38,25 @@ EVENT_COLUMNS = (
     "latency_ms",
     "detail",
 )
-_COPY = f"COPY jobs_event (job_id, seq, {', '.join(EVENT_COLUMNS)}) FROM STDIN"
+_ARRAY_COLUMNS = EVENT_COLUMNS[:-1]  # detail is stored apart: most events have none
+_INSERT = (
+    f"INSERT INTO jobs_eventbatch (job_id, seq_from, seq_to, {', '.join(f'"{c}"' for c in _ARRAY_COLUMNS)}, detail) "
+    f"VALUES (%s, %s, %s, {', '.join(['%s'] * len(_ARRAY_COLUMNS))}, %s)"
+)
+
+
+def _array(values: Sequence[Any]) -> str:
+    """A PostgreSQL array literal of numbers, None or bare words, in one join (no per-value Python call).
+
+    Only a None turns into the text "None" here: the columns hold numbers and event kinds.
+    """
+    return "{" + ",".join(map(str, values)).replace("None", "NULL") + "}"
+
+
+def _details(details: Sequence[str]) -> str:
+    """The batch's non-empty details as one JSON object, by position: {"17": {...}}."""
+    return "{" + ",".join(f'"{i}":{text}' for i, text in enumerate(details) if text != "{}") + "}"
+
 
 # (seq_from, seq_to, events as recorded) after each stored batch
 FlushListener = Callable[[int, int, Sequence[tuple[Any, ...]]], None]
@@ -143,9 +162,8 @@ class EventRecorder:
                     # a second to the same WAL. A crash loses at most the last few batches, and
                     # last_seq goes with them in this same transaction, so the store stays gapless.
                     cursor.execute("SET LOCAL synchronous_commit = off")
-                    with cursor.copy(_COPY) as copy:
-                        for seq, event in enumerate(batch, start=seq_from):
-                            copy.write_row((self.job_id, seq, *event))
+                    *columns, details = zip(*batch, strict=True)
+                    cursor.execute(_INSERT, [self.job_id, seq_from, seq_to, *map(_array, columns), _details(details)])
                     cursor.execute(
                         "UPDATE jobs_job SET last_seq = %s WHERE id = %s RETURNING cancel_requested",
                         [seq_to, self.job_id],
@@ -154,8 +172,8 @@ class EventRecorder:
                     cursor.execute("SELECT cancel_requested FROM jobs_job WHERE id = %s", [self.job_id])
                 row = cursor.fetchone()
                 if row is None:
-                    # The job was deleted while it ran: its events have nothing to belong to
-                    # (the table has no foreign key to refuse them), so this batch goes too.
+                    # The job was deleted while it ran: its events have nothing to belong to,
+                    # so this batch goes too (rolled back before its foreign key is checked).
                     raise JobDeleted(self.job_id)
         except JobDeleted:
             logger.warning("job %s was deleted while running: stopping it, %d events dropped", self.job_id, len(batch))

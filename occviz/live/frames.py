@@ -227,11 +227,16 @@ def event_array(event: dict[str, Any]) -> list[Any]:
 
 
 def read_events(job_id: int, after: int, limit: int) -> list[dict[str, Any]]:
-    """The job's stored events with seq > after, in order, at most `limit` (the (job, seq) index serves it)."""
+    """The job's stored events with seq > after, in order, at most `limit`.
+
+    batch_seq_to > after lets the (job, seq_to) index skip the batches that end before
+    `after`, so a viewer following a long job reads only the new batches.
+    """
     with connection.cursor() as cursor:
         cursor.execute(
-            f"SELECT {', '.join(EVENT_FIELDS)} FROM jobs_event WHERE job_id = %s AND seq > %s ORDER BY seq LIMIT %s",
-            [job_id, after, limit],
+            f"SELECT {', '.join(EVENT_FIELDS)} FROM jobs_event "
+            "WHERE job_id = %s AND batch_seq_to > %s AND seq > %s ORDER BY seq LIMIT %s",
+            [job_id, after, after, limit],
         )
         # A raw cursor returns jsonb as text (Django parses JSONField itself): parse detail as live frames do.
         return [event_from_recorded(row[0], row[1:]) for row in cursor.fetchall()]
