@@ -53,13 +53,16 @@ def _array(values: Sequence[Any]) -> str:
     return "{" + ",".join(map(str, values)).replace("None", "NULL") + "}"
 
 
-def _details(details: Sequence[str]) -> str:
-    """The batch's non-empty details as one JSON object, by position: {"17": {...}}."""
-    return "{" + ",".join(f'"{i}":{text}' for i, text in enumerate(details) if text != "{}") + "}"
+def _row_values(columns: Columns) -> list[str]:
+    """The EventBatch values of a batch: an array literal per column, then the few details by position."""
+    details = {str(position): detail for position, detail in enumerate(columns["detail"]) if detail}
+    return [*(_array(columns[name]) for name in _ARRAY_COLUMNS), json.dumps(details)]
 
 
-# (seq_from, seq_to, events as recorded) after each stored batch
-FlushListener = Callable[[int, int, Sequence[tuple[Any, ...]]], None]
+# A stored batch, column by column: EVENT_COLUMNS -> one list each, element i is event seq_from + i.
+Columns = dict[str, Sequence[Any]]
+# (seq_from, seq_to, columns) after each stored batch
+FlushListener = Callable[[int, int, Columns], None]
 
 
 class JobDeleted(Exception):
@@ -102,11 +105,11 @@ class EventRecorder:
         latency_ms: float | None = None,
         detail: dict[str, Any] | None = None,
     ) -> None:
-        # Called for every step of every actor: keep it to one append.
-        # Times to the microsecond: finer digits are noise here, and they cost bytes in every frame.
+        # Called for every step of every actor, between one statement and the next: one
+        # clock read and one append. Rounding and encoding wait for the flusher (`_columns`).
         self._queue.append(
             (
-                round((time.perf_counter() - self._t0) * 1000.0, 3),
+                time.perf_counter(),
                 actor,
                 op,
                 attempt,
@@ -116,11 +119,23 @@ class EventRecorder:
                 version_written,
                 value_read,
                 value_written,
-                None if duration_ms is None else round(duration_ms, 3),
-                None if latency_ms is None else round(latency_ms, 3),
-                json.dumps(detail) if detail else "{}",
+                duration_ms,
+                latency_ms,
+                detail,
             )
         )
+
+    def _columns(self, recorded: list[tuple[Any, ...]]) -> Columns:
+        """The recorded steps as columns, times in ms since the release and to the microsecond
+        (finer digits are noise here, and they cost bytes in every frame and row)."""
+        t0 = self._t0
+        clock, *middle, durations, latencies, details = zip(*recorded, strict=True)
+        columns: Columns = dict(zip(EVENT_COLUMNS[1:-3], middle, strict=True))
+        columns["t_ms"] = [round((t - t0) * 1000.0, 3) for t in clock]
+        columns["duration_ms"] = [None if ms is None else round(ms, 3) for ms in durations]
+        columns["latency_ms"] = [None if ms is None else round(ms, 3) for ms in latencies]
+        columns["detail"] = list(details)
+        return columns
 
     def start(self) -> None:
         self._thread.start()
@@ -152,18 +167,18 @@ class EventRecorder:
             self._flush()
 
     def _flush(self) -> None:
-        batch = [self._queue.popleft() for _ in range(len(self._queue))]
+        recorded = [self._queue.popleft() for _ in range(len(self._queue))]
         seq_from = self.last_seq + 1
-        seq_to = self.last_seq + len(batch)
+        seq_to = self.last_seq + len(recorded)
+        columns = self._columns(recorded) if recorded else {}
         try:
             with transaction.atomic(), connection.cursor() as cursor:
-                if batch:
+                if recorded:
                     # The actors' commits wait for fsync; the event store need not add ten more
                     # a second to the same WAL. A crash loses at most the last few batches, and
                     # last_seq goes with them in this same transaction, so the store stays gapless.
                     cursor.execute("SET LOCAL synchronous_commit = off")
-                    *columns, details = zip(*batch, strict=True)
-                    cursor.execute(_INSERT, [self.job_id, seq_from, seq_to, *map(_array, columns), _details(details)])
+                    cursor.execute(_INSERT, [self.job_id, seq_from, seq_to, *_row_values(columns)])
                     cursor.execute(
                         "UPDATE jobs_job SET last_seq = %s WHERE id = %s RETURNING cancel_requested",
                         [seq_to, self.job_id],
@@ -176,16 +191,18 @@ class EventRecorder:
                     # so this batch goes too (rolled back before its foreign key is checked).
                     raise JobDeleted(self.job_id)
         except JobDeleted:
-            logger.warning("job %s was deleted while running: stopping it, %d events dropped", self.job_id, len(batch))
+            logger.warning(
+                "job %s was deleted while running: stopping it, %d events dropped", self.job_id, len(recorded)
+            )
             self.on_cancel()
             return
         except Exception:
-            self._queue.extendleft(reversed(batch))
+            self._queue.extendleft(reversed(recorded))
             raise
         if row[0]:
             self.on_cancel()
-        if not batch:
+        if not recorded:
             return
         self.last_seq = seq_to
         for listener in self.listeners:
-            listener(seq_from, seq_to, batch)
+            listener(seq_from, seq_to, columns)

@@ -22,7 +22,7 @@ from typing import Any, TypedDict
 
 from django.db import connection
 
-from occviz.jobs.recorder import EVENT_COLUMNS
+from occviz.jobs.recorder import EVENT_COLUMNS, Columns
 from occviz.scenarios.counter import tally_rows
 
 # A frame never carries more events than this; a longer range becomes several frames.
@@ -31,7 +31,6 @@ MAX_EVENTS_PER_FRAME = 2000
 MAX_ROWS_SHOWN = 64
 
 EVENT_FIELDS = ("seq", *EVENT_COLUMNS)
-_KIND, _DURATION, _LATENCY, _T = (EVENT_COLUMNS.index(name) for name in ("kind", "duration_ms", "latency_ms", "t_ms"))
 _FAILURE_KINDS = ("conflict", "serialization_failure", "deadlock", "lock_timeout")
 
 
@@ -173,9 +172,18 @@ class RunningTotals:
     def add(self, events: Iterable[dict[str, Any]]) -> None:
         self.add_steps((e["kind"], e["duration_ms"], e["latency_ms"], e["t_ms"]) for e in events)
 
-    def add_recorded(self, batch: Iterable[Sequence[Any]]) -> None:
-        """Count a recorder batch as it is (tuples in EVENT_COLUMNS order): the flusher's hot path."""
-        self.add_steps((e[_KIND], e[_DURATION], e[_LATENCY], e[_T]) for e in batch)
+    def add_columns(self, columns: Columns) -> None:
+        """Count a stored recorder batch, column by column: the flusher's hot path."""
+        kinds = columns["kind"]
+        self.by_kind.update(kinds)
+        if self.by_kind["lock_wait"]:
+            self.lock_wait_ms += sum(
+                ms for kind, ms in zip(kinds, columns["duration_ms"], strict=True) if kind == "lock_wait" and ms
+            )
+        for kind, ms in zip(kinds, columns["latency_ms"], strict=True):
+            if kind == "committed" and ms is not None:
+                self.latency.add(ms)
+        self.elapsed_ms = max(self.elapsed_ms, *columns["t_ms"])
 
     def add_steps(self, steps: Iterable[tuple[str, float | None, float | None, float]]) -> None:
         for kind, duration_ms, latency_ms, t_ms in steps:
@@ -211,9 +219,9 @@ class RunningTotals:
         }
 
 
-def event_from_recorded(seq: int, recorded: Sequence[Any]) -> dict[str, Any]:
-    """An event as viewers see it, from a recorder batch tuple (EVENT_COLUMNS order, detail as JSON text)."""
-    event = dict(zip(EVENT_FIELDS, (seq, *recorded), strict=True))
+def event_from_row(row: Sequence[Any]) -> dict[str, Any]:
+    """An event as viewers see it, from a stored row (EVENT_FIELDS order, detail as JSON text)."""
+    event = dict(zip(EVENT_FIELDS, row, strict=True))
     detail = event["detail"]
     if isinstance(detail, str):
         # most kinds store no detail: skip the parser for them (a fresh dict each, never shared)
@@ -239,7 +247,7 @@ def read_events(job_id: int, after: int, limit: int) -> list[dict[str, Any]]:
             [job_id, after, after, limit],
         )
         # A raw cursor returns jsonb as text (Django parses JSONField itself): parse detail as live frames do.
-        return [event_from_recorded(row[0], row[1:]) for row in cursor.fetchall()]
+        return [event_from_row(row) for row in cursor.fetchall()]
 
 
 def read_rows(job: JobInfo) -> tuple[list[RowState], int | None]:

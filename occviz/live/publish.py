@@ -22,11 +22,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from channels.layers import get_channel_layer
 
+from occviz.jobs.recorder import Columns
 from occviz.live.frames import JobInfo, RunningTotals, read_rows
 
 if TYPE_CHECKING:
@@ -137,8 +137,8 @@ class JobPublisher:
         # a job resumed mid-way starts from what is stored; a new one from zero (no query)
         self.totals = RunningTotals.from_store(job.pk, job.last_seq)
 
-    def __call__(self, seq_from: int, seq_to: int, batch: Sequence[tuple[Any, ...]]) -> None:
-        self.totals.add_recorded(batch)
+    def __call__(self, seq_from: int, seq_to: int, columns: Columns) -> None:
+        self.totals.add_columns(columns)
         # One cheap query per flush (at most ten a second): the rows as they are now.
         rows, lost = read_rows(self.job)
         _sender.send(
