@@ -144,7 +144,7 @@ def test_events_are_stored_a_batch_a_flush_and_read_one_by_one() -> None:
         assert after.seq_from == before.seq_to + 1
     for batch in batches:
         size = batch.seq_to - batch.seq_from + 1
-        assert {len(batch.t_ms), len(batch.kind), len(batch.latency_ms), len(batch.version_written)} == {size}
+        assert {len(batch.t_us), len(batch.kind), len(batch.latency_us), len(batch.version_written)} == {size}
     # The view gives back exactly what the arrays hold, NULLs and details included.
     stored = events(job)
     assert [event.seq for event in stored] == list(range(1, job.last_seq + 1))
@@ -152,7 +152,7 @@ def test_events_are_stored_a_batch_a_flush_and_read_one_by_one() -> None:
     for position, event in enumerate(stored[last.seq_from - 1 :]):
         assert (event.kind, event.t_ms, event.version_written) == (
             last.kind[position],
-            last.t_ms[position],
+            last.t_us[position] / 1000,
             last.version_written[position],
         )
     reads = [event for event in stored if event.kind == "read"]

@@ -74,14 +74,14 @@ class EventBatch(models.Model):
     A job records thousands of events a second. Stored as one row each, PostgreSQL spent
     more on inserting them (a heap tuple, an index entry and WAL each) than on the job's
     own writes; stored as one row a flush, with one array per column, it costs a few
-    inserts a second. Element i of every array is event seq_from + i. Read events through
-    `Event`, the view that unnests these rows.
+    inserts a second. Element i of every array is event seq_from + i; times are whole
+    microseconds. Read events through `Event`, the view that unnests these rows.
     """
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="event_batches", db_index=False)
     seq_from = models.BigIntegerField()
     seq_to = models.BigIntegerField()
-    t_ms = ArrayField(models.FloatField())
+    t_us = ArrayField(models.BigIntegerField(), help_text="Microseconds since the job's actors were released.")
     actor = ArrayField(models.IntegerField())
     op = ArrayField(models.IntegerField())
     attempt = ArrayField(models.IntegerField())
@@ -91,8 +91,8 @@ class EventBatch(models.Model):
     version_written = ArrayField(models.BigIntegerField(null=True))
     value_read = ArrayField(models.BigIntegerField(null=True))
     value_written = ArrayField(models.BigIntegerField(null=True))
-    duration_ms = ArrayField(models.FloatField(null=True))
-    latency_ms = ArrayField(models.FloatField(null=True))
+    duration_us = ArrayField(models.BigIntegerField(null=True))
+    latency_us = ArrayField(models.BigIntegerField(null=True))
     detail = models.JSONField(default=dict, help_text="The few events with a detail, by position in the batch.")
 
     class Meta:

@@ -21,6 +21,9 @@ from typing import Any
 
 from django.db import connection, transaction
 
+from occviz.jobs import arrays
+from occviz.store.session import check
+
 logger = logging.getLogger(__name__)
 
 EVENT_COLUMNS = (
@@ -38,28 +41,61 @@ EVENT_COLUMNS = (
     "latency_ms",
     "detail",
 )
-_ARRAY_COLUMNS = EVENT_COLUMNS[:-1]  # detail is stored apart: most events have none
+# What an EventBatch stores of each event: an array per column, times as whole microseconds;
+# the view `jobs_event` gives them back in EVENT_COLUMNS, in milliseconds. `detail` is
+# stored apart: most events have none. Each column: (element type, may it hold NULL).
+BATCH_COLUMNS: dict[str, tuple[int, bool]] = {
+    "t_us": (arrays.INT8, False),
+    "actor": (arrays.INT4, False),
+    "op": (arrays.INT4, False),
+    "attempt": (arrays.INT4, False),
+    "kind": (arrays.TEXT, False),
+    "row": (arrays.INT8, True),
+    "version_read": (arrays.INT8, True),
+    "version_written": (arrays.INT8, True),
+    "value_read": (arrays.INT8, True),
+    "value_written": (arrays.INT8, True),
+    "duration_us": (arrays.INT8, True),
+    "latency_us": (arrays.INT8, True),
+}
 _INSERT = (
-    f"INSERT INTO jobs_eventbatch (job_id, seq_from, seq_to, {', '.join(f'"{c}"' for c in _ARRAY_COLUMNS)}, detail) "
-    f"VALUES (%s, %s, %s, {', '.join(['%s'] * len(_ARRAY_COLUMNS))}, %s)"
-)
+    "INSERT INTO jobs_eventbatch (job_id, seq_from, seq_to, "
+    + ", ".join(f'"{name}"' for name in BATCH_COLUMNS)
+    + ", detail) VALUES ($1, $2, $3, "
+    + ", ".join(
+        f"array_replace(${n}, {arrays.NONE}, NULL)" if nullable else f"${n}"
+        for n, (_, nullable) in enumerate(BATCH_COLUMNS.values(), start=4)
+    )
+    + f", ${len(BATCH_COLUMNS) + 4})"
+).encode()
+_INT8, _JSONB = 20, 3802
+_PARAM_TYPES = [_INT8, _INT8, _INT8, *(arrays.ARRAY_OIDS[oid] for oid, _ in BATCH_COLUMNS.values()), _JSONB]
+# scalars as text, arrays in binary
+_PARAM_FORMATS = [0, 0, 0, *[1] * len(BATCH_COLUMNS), 0]
+_KIND_BYTES: dict[str, bytes] = {}
 
 
-def _array(values: Sequence[Any]) -> str:
-    """A PostgreSQL array literal of numbers, None or bare words, in one join (no per-value Python call).
-
-    Only a None turns into the text "None" here: the columns hold numbers and event kinds.
-    """
-    return "{" + ",".join(map(str, values)).replace("None", "NULL") + "}"
+def _array(values: Sequence[Any], element_oid: int, nullable: bool) -> bytes:
+    if element_oid == arrays.TEXT:
+        return arrays.text_array(values, _KIND_BYTES)
+    return arrays.int_array(arrays.with_none(values) if nullable else values, element_oid)
 
 
-def _row_values(columns: Columns) -> list[str]:
-    """The EventBatch values of a batch: an array literal per column, then the few details by position."""
+def _insert_batch(job_id: int, seq_from: int, seq_to: int, columns: Columns) -> None:
+    """One EventBatch row, straight over libpq with binary arrays (Django's cursor would send text)."""
     details = {str(position): detail for position, detail in enumerate(columns["detail"]) if detail}
-    return [*(_array(columns[name]) for name in _ARRAY_COLUMNS), json.dumps(details)]
+    values = [
+        str(job_id).encode(),
+        str(seq_from).encode(),
+        str(seq_to).encode(),
+        *(_array(columns[name], oid, nullable) for name, (oid, nullable) in BATCH_COLUMNS.items()),
+        json.dumps(details).encode(),
+    ]
+    pgconn = connection.connection.pgconn
+    check(pgconn.exec_params(_INSERT, values, _PARAM_TYPES, _PARAM_FORMATS))
 
 
-# A stored batch, column by column: EVENT_COLUMNS -> one list each, element i is event seq_from + i.
+# A stored batch, column by column: BATCH_COLUMNS and detail -> one sequence each, element i is event seq_from + i.
 Columns = dict[str, Sequence[Any]]
 # (seq_from, seq_to, columns) after each stored batch
 FlushListener = Callable[[int, int, Columns], None]
@@ -126,15 +162,15 @@ class EventRecorder:
         )
 
     def _columns(self, recorded: list[tuple[Any, ...]]) -> Columns:
-        """The recorded steps as columns, times in ms since the release and to the microsecond
-        (finer digits are noise here, and they cost bytes in every frame and row)."""
+        """The recorded steps as BATCH_COLUMNS and detail: times in whole microseconds since the
+        release (finer digits are noise here, and they cost bytes in every row and frame)."""
         t0 = self._t0
         clock, *middle, durations, latencies, details = zip(*recorded, strict=True)
-        columns: Columns = dict(zip(EVENT_COLUMNS[1:-3], middle, strict=True))
-        columns["t_ms"] = [round((t - t0) * 1000.0, 3) for t in clock]
-        columns["duration_ms"] = [None if ms is None else round(ms, 3) for ms in durations]
-        columns["latency_ms"] = [None if ms is None else round(ms, 3) for ms in latencies]
-        columns["detail"] = list(details)
+        columns: Columns = dict(zip(tuple(BATCH_COLUMNS)[1:-2], middle, strict=True))
+        columns["t_us"] = [round((t - t0) * 1e6) for t in clock]
+        columns["duration_us"] = [None if ms is None else round(ms * 1e3) for ms in durations]
+        columns["latency_us"] = [None if ms is None else round(ms * 1e3) for ms in latencies]
+        columns["detail"] = details
         return columns
 
     def start(self) -> None:
@@ -177,8 +213,10 @@ class EventRecorder:
                     # The actors' commits wait for fsync; the event store need not add ten more
                     # a second to the same WAL. A crash loses at most the last few batches, and
                     # last_seq goes with them in this same transaction, so the store stays gapless.
+                    # (This first statement through Django's cursor also opens the transaction
+                    # that the libpq-level insert below runs in.)
                     cursor.execute("SET LOCAL synchronous_commit = off")
-                    cursor.execute(_INSERT, [self.job_id, seq_from, seq_to, *_row_values(columns)])
+                    _insert_batch(self.job_id, seq_from, seq_to, columns)
                     cursor.execute(
                         "UPDATE jobs_job SET last_seq = %s WHERE id = %s RETURNING cancel_requested",
                         [seq_to, self.job_id],

@@ -177,13 +177,14 @@ class RunningTotals:
         kinds = columns["kind"]
         self.by_kind.update(kinds)
         if self.by_kind["lock_wait"]:
-            self.lock_wait_ms += sum(
-                ms for kind, ms in zip(kinds, columns["duration_ms"], strict=True) if kind == "lock_wait" and ms
+            self.lock_wait_ms += (
+                sum(us for kind, us in zip(kinds, columns["duration_us"], strict=True) if kind == "lock_wait" and us)
+                / 1000.0
             )
-        for kind, ms in zip(kinds, columns["latency_ms"], strict=True):
-            if kind == "committed" and ms is not None:
-                self.latency.add(ms)
-        self.elapsed_ms = max(self.elapsed_ms, *columns["t_ms"])
+        for kind, us in zip(kinds, columns["latency_us"], strict=True):
+            if kind == "committed" and us is not None:
+                self.latency.add(us / 1000.0)
+        self.elapsed_ms = max(self.elapsed_ms, max(columns["t_us"]) / 1000.0)
 
     def add_steps(self, steps: Iterable[tuple[str, float | None, float | None, float]]) -> None:
         for kind, duration_ms, latency_ms, t_ms in steps:

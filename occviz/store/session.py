@@ -44,6 +44,15 @@ def _encode(value: Any) -> bytes | None:
     raise TypeError(f"cannot send {type(value).__name__} as a statement parameter")
 
 
+def check(result: pq.abc.PGresult) -> pq.abc.PGresult:
+    """`result`, or the psycopg error (by SQLSTATE, as psycopg raises them) if the statement failed."""
+    if result.status == pq.ExecStatus.FATAL_ERROR:
+        sqlstate = (result.error_field(pq.DiagnosticField.SQLSTATE) or b"").decode()
+        message = result.get_error_message().strip()
+        raise psycopg.errors.lookup(sqlstate or "XX000")(message, info=result)
+    return result
+
+
 def _decode(raw: bytes | None, oid: int) -> Any:
     if raw is None:
         return None
@@ -73,23 +82,16 @@ class PreparedSession:
             name = f"occviz_{len(self._prepared)}".encode()
             counter = iter(range(1, 1000))
             native = _PLACEHOLDER.sub(lambda _: f"${next(counter)}", sql)
-            self._check(self._pgconn.prepare(name, native.encode()))
+            check(self._pgconn.prepare(name, native.encode()))
             self._prepared[sql] = name
         return name
-
-    def _check(self, result: pq.abc.PGresult) -> pq.abc.PGresult:
-        if result.status == pq.ExecStatus.FATAL_ERROR:
-            sqlstate = (result.error_field(pq.DiagnosticField.SQLSTATE) or b"").decode()
-            message = result.get_error_message().strip()
-            raise psycopg.errors.lookup(sqlstate or "XX000")(message, info=result)
-        return result
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> None:
         if params:
             result = self._pgconn.exec_prepared(self._statement(sql), [_encode(p) for p in params])  # type: ignore[misc]
         else:
             result = self._pgconn.exec_(sql.encode())
-        self._result = self._check(result)
+        self._result = check(result)
 
     def fetchone(self) -> tuple[Any, ...] | None:
         result = self._result

@@ -123,6 +123,16 @@ def rate_series(job: Job, bin_ms: int) -> dict[str, list[int]]:
     return series
 
 
+def aligned_rate_series(jobs: list[Job], bin_ms: int) -> list[dict[str, list[int]]]:
+    """`rate_series` of each job, padded to one length: charts side by side share their time axis."""
+    series = [rate_series(job, bin_ms) for job in jobs]
+    length = max((len(values) for one in series for values in one.values()), default=0)
+    for one in series:
+        for values in one.values():
+            values.extend([0] * (length - len(values)))
+    return series
+
+
 def duration_ms(job: Job) -> float:
     """How long the job's actors ran: from its summary, else from its last event."""
     if job.summary and job.summary.get("duration_s") is not None:

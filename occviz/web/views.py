@@ -279,7 +279,10 @@ def job_compare(request: HttpRequest) -> HttpResponse:
     jobs = [found[i] for i in ids]
     # One bin width for every job, so the charts share their time axis as well as their scale.
     bin_ms = events.bin_for(max(events.duration_ms(job) for job in jobs))
-    series = [{"id": job.pk, "label": f"#{job.pk} {job.strategy}", **events.rate_series(job, bin_ms)} for job in jobs]
+    series = [
+        {"id": job.pk, "label": f"#{job.pk} {job.strategy}", **rates}
+        for job, rates in zip(jobs, events.aligned_rate_series(jobs, bin_ms), strict=True)
+    ]
     return render(
         request,
         "web/job_compare.html",
