@@ -3,7 +3,8 @@
 DATABASE_URL   any PostgreSQL; unset: the embedded PostgreSQL in .pgdata/
 REDIS_URL      channel layer on Redis; unset: PostgreSQL LISTEN/NOTIFY carries it
 SECRET_KEY, DEBUG, ALLOWED_HOSTS, CSRF_TRUSTED_ORIGINS
-OCCVIZ_MAX_*   the limits on one job (see occviz/jobs/limits.py)
+OCCVIZ_MAX_*   the limits on one job (checked by occviz/scenarios/base.py)
+OCCVIZ_PIN_ACTORS  keep a running job's threads on one CPU (default on)
 """
 
 from __future__ import annotations
@@ -136,6 +137,8 @@ OCCVIZ_MAX_SECONDS = envint("OCCVIZ_MAX_SECONDS", 300, maximum=86_400)
 OCCVIZ_MAX_THINK_MS = envint("OCCVIZ_MAX_THINK_MS", 5_000, maximum=600_000)
 OCCVIZ_MAX_ATTEMPTS = envint("OCCVIZ_MAX_ATTEMPTS", 1_000, maximum=1_000_000)
 OCCVIZ_WORKERS = envint("OCCVIZ_WORKERS", 2, maximum=32)
+# A running job's threads share one CPU (occviz/jobs/affinity.py).
+OCCVIZ_PIN_ACTORS = envbool("OCCVIZ_PIN_ACTORS", True)
 
 LOGGING = {
     "version": 1,

@@ -178,3 +178,28 @@ def test_the_admin_lists_a_jobs_events_and_shows_one(client) -> None:  # type: i
     assert page.status_code == 200
     assert event.kind in page.content.decode()
     assert client.get(f"/admin/jobs/event/{(job.pk << 32) + 10_000}/change/").status_code == 302  # no such event
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="pinning needs two CPUs to choose from")
+def test_a_running_jobs_threads_share_one_cpu(settings) -> None:  # type: ignore[no-untyped-def]
+    from occviz.jobs.affinity import one_cpu
+
+    before = os.sched_getaffinity(0)
+    seen: list[set[int]] = []
+
+    def started_inside() -> None:
+        seen.append(os.sched_getaffinity(0))
+
+    with one_cpu() as cpu:
+        thread = threading.Thread(target=started_inside)
+        thread.start()
+        thread.join()
+    assert cpu in before and seen == [{cpu}]
+    assert os.sched_getaffinity(0) == before, "the runner's thread gets its CPUs back"
+
+    settings.OCCVIZ_PIN_ACTORS = False
+    with one_cpu() as cpu:
+        thread = threading.Thread(target=started_inside)
+        thread.start()
+        thread.join()
+    assert cpu is None and seen[-1] == before

@@ -86,8 +86,7 @@ class Retryable(Exception):
 
 def _read(writer: Writer, row: int, op: int, attempt: int, lock: str = "") -> tuple[int, int, float]:
     started = time.perf_counter()
-    writer.cursor.execute(_READ + lock if lock else _READ, [row])
-    found = writer.cursor.fetchone()
+    found = writer.cursor.one(_READ + lock if lock else _READ, [row])
     if found is None:
         raise Counter.DoesNotExist(f"counter {row} was deleted while the job ran")
     value, version = found

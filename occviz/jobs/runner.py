@@ -19,6 +19,7 @@ from django.conf import settings
 from django.db import connections
 from django.utils import timezone
 
+from occviz.jobs.affinity import one_cpu
 from occviz.jobs.models import Job
 from occviz.jobs.recorder import EventRecorder
 from occviz.live.publish import JobPublisher, publish_status
@@ -96,16 +97,18 @@ def run_job(job_id: int) -> Job:
     recorder = EventRecorder(job.pk, last_seq=job.last_seq)
     recorder.listeners.append(JobPublisher(job))
     context = JobContext(job, recorder)
-    recorder.start()
     summary: dict[str, Any] | None = None
     error = ""
-    try:
-        summary = scenario.run(job, job.params, context)
-    except Exception:
-        error = traceback.format_exc()
-        logger.exception("job %s failed", job.pk)
-    finally:
-        recorder.stop()
+    # The flusher and the actors start inside: they inherit the one CPU.
+    with one_cpu():
+        recorder.start()
+        try:
+            summary = scenario.run(job, job.params, context)
+        except Exception:
+            error = traceback.format_exc()
+            logger.exception("job %s failed", job.pk)
+        finally:
+            recorder.stop()
     if context.errors:
         error = "\n".join(context.errors)
     if error:

@@ -20,6 +20,8 @@ from typing import Any, Final
 
 from django.db import connections, models
 
+from occviz.store.session import PreparedSession
+
 ANY: Final = object()
 """Expected version that matches every version: a blind write."""
 
@@ -80,6 +82,8 @@ class Swap:
         params.append(pk)
         if self.check_version:
             params.append(expected_version)
+        if isinstance(cursor, PreparedSession):
+            return cursor.one(self.sql, params)
         if cursor is not None:
             cursor.execute(self.sql, params)
             return cursor.fetchone()

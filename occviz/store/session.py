@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -53,18 +53,16 @@ def check(result: pq.abc.PGresult) -> pq.abc.PGresult:
     return result
 
 
-def _decode(raw: bytes | None, oid: int) -> Any:
-    if raw is None:
-        return None
+def _decoder(oid: int) -> Callable[[bytes], Any]:
     if oid in _INTEGER_OIDS:
-        return int(raw)
+        return int
     if oid == _BOOL_OID:
-        return raw == b"t"
-    return raw.decode()
+        return b"t".__eq__
+    return bytes.decode
 
 
 class PreparedSession:
-    """Cursor-like: `execute(sql, params)` with %s placeholders, then `fetchone()`."""
+    """Cursor-like: `execute(sql, params)` with %s placeholders, then `fetchone()`; or both at once, `one()`."""
 
     def __init__(self, using: str = "default") -> None:
         self.db = connections[using]  # what compare_and_swap prepares values for
@@ -74,6 +72,7 @@ class PreparedSession:
         self._conn = psycopg.connect(**params, autocommit=True)
         self._pgconn = self._conn.pgconn
         self._prepared: dict[str, bytes] = {}
+        self._decoders: dict[bytes, list[Callable[[bytes], Any]]] = {}
         self._result: pq.abc.PGresult | None = None
 
     def _statement(self, sql: str) -> bytes:
@@ -86,18 +85,34 @@ class PreparedSession:
             self._prepared[sql] = name
         return name
 
+    def one(self, sql: str, params: Sequence[Any]) -> tuple[Any, ...] | None:
+        """Run `sql` as a prepared statement; its first row, or None. The hot loop's one call a statement."""
+        name = self._prepared.get(sql) or self._statement(sql)
+        result = self._pgconn.exec_prepared(name, [str(p).encode() if type(p) is int else _encode(p) for p in params])  # type: ignore[misc]
+        self._result = result = check(result)
+        if not result.ntuples:
+            return None
+        decoders = self._decoders.get(name)
+        if decoders is None:  # a prepared statement's result columns never change type
+            decoders = self._decoders[name] = [_decoder(result.ftype(column)) for column in range(result.nfields)]
+        raw = [result.get_value(0, column) for column in range(len(decoders))]
+        return tuple([None if value is None else decode(value) for value, decode in zip(raw, decoders, strict=True)])
+
     def execute(self, sql: str, params: Sequence[Any] = ()) -> None:
         if params:
-            result = self._pgconn.exec_prepared(self._statement(sql), [_encode(p) for p in params])  # type: ignore[misc]
+            self.one(sql, params)
         else:
-            result = self._pgconn.exec_(sql.encode())
-        self._result = check(result)
+            self._result = check(self._pgconn.exec_(sql.encode()))
 
     def fetchone(self) -> tuple[Any, ...] | None:
         result = self._result
         if result is None or result.ntuples == 0:
             return None
-        return tuple(_decode(result.get_value(0, column), result.ftype(column)) for column in range(result.nfields))
+        return tuple(
+            None if raw is None else _decoder(result.ftype(column))(raw)
+            for column in range(result.nfields)
+            for raw in (result.get_value(0, column),)
+        )
 
     @contextmanager
     def transaction(self, isolation: str = "") -> Iterator[None]:
