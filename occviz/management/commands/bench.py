@@ -77,7 +77,7 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--writers", type=int, default=4)
         parser.add_argument("--seconds", type=float, default=3.0)
-        parser.add_argument("--rounds", type=int, default=5)
+        parser.add_argument("--rounds", type=int, default=7)
         parser.add_argument("--viewers", type=int, default=50, help="streaming: websocket clients on one job")
         parser.add_argument("--part", choices=["all", "engine", "streaming"], default="all")
         parser.add_argument("--json", action="store_true", help="print the figures as JSON")
