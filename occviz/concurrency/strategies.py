@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 import psycopg
 
@@ -100,19 +100,29 @@ def _committed(writer: Writer, row: int, op: int, attempt: int, started: float, 
     return True
 
 
-def _with_retries(writer: Writer, row: int, op: int, attempt_once: Callable[[int, float], bool]) -> bool:
+# What an attempt returns when it failed in a way the policy retries, having recorded why.
+# (Inside a transaction an attempt raises Retryable instead, so that the transaction rolls back.)
+RETRY: Final = object()
+
+
+def _with_retries(writer: Writer, row: int, op: int, attempt_once: Callable[[int, float], bool | object]) -> bool:
+    """Run `attempt_once` until it commits (True), the job stops (False) or the attempts run out."""
     started = time.perf_counter()
     policy = writer.policy
     for attempt in range(1, policy.max_attempts + 1):
         try:
-            return attempt_once(attempt, started)
+            outcome = attempt_once(attempt, started)
         except Retryable as failure:
             writer.record(op, attempt, failure.kind, row, **failure.fields)
+            outcome = RETRY
         except psycopg.Error as error:
             kind = _RETRYABLE_SQLSTATES.get(error.sqlstate or "")
             if kind is None:
                 raise
             writer.record(op, attempt, kind, row, detail={"message": str(error).strip()})
+            outcome = RETRY
+        if outcome is not RETRY:
+            return bool(outcome)
         if attempt == policy.max_attempts:
             writer.record(op, attempt, "gave_up", row)
             return False
@@ -148,7 +158,7 @@ def none(writer: Writer, row: int, op: int) -> bool:
 
 
 def occ(writer: Writer, row: int, op: int) -> bool:
-    def attempt_once(attempt: int, started: float) -> bool:
+    def attempt_once(attempt: int, started: float) -> bool | object:
         value, version, _ = _read(writer, row, op, attempt)
         if not writer.pause(writer.think_ms):
             return False
@@ -158,7 +168,8 @@ def occ(writer: Writer, row: int, op: int) -> bool:
         if result is None:
             # No detail: a conflict's message is always Kubernetes' one (VersionConflict), and
             # storing it thousands of times a second would cost the job more than it tells.
-            raise Retryable("conflict", version_read=version, value_read=value, duration_ms=took_ms)
+            writer.record(op, attempt, "conflict", row, version_read=version, value_read=value, duration_ms=took_ms)
+            return RETRY
         return _committed(
             writer,
             row,
