@@ -203,3 +203,30 @@ def test_a_running_jobs_threads_share_one_cpu(settings) -> None:  # type: ignore
         thread.start()
         thread.join()
     assert cpu is None and seen[-1] == before
+
+
+def test_the_recorder_stores_what_it_was_given_extremes_and_none_included() -> None:
+    # Batches travel as binary arrays with a stand-in for NULL: every value must come back as recorded.
+    from occviz.jobs.recorder import EventRecorder
+
+    job = create_job("counter", {"strategy": "occ", "writers": 1, "increments": 1})
+    recorder = EventRecorder(job.pk)
+    recorder.start_clock()
+    big = 2**62
+    recorder.record(1, 1, 1, "read", 7, version_read=1, value_read=-big, duration_ms=0.0004)
+    recorder.record(2, 1, 1, "committed", 7, version_read=1, version_written=2, value_read=-1, value_written=big)
+    recorder.record(3, 2, 9, "gave_up")
+    recorder.record(4, 0, 0, "error", detail={"message": 'quote " and \\ backslash'})
+    recorder.flush()
+    stored = events(Job.objects.get(pk=job.pk))
+    assert [(e.seq, e.actor, e.op, e.attempt, e.kind, e.row) for e in stored] == [
+        (1, 1, 1, 1, "read", 7),
+        (2, 2, 1, 1, "committed", 7),
+        (3, 3, 2, 9, "gave_up", None),
+        (4, 4, 0, 0, "error", None),
+    ]
+    assert (stored[0].value_read, stored[0].version_written, stored[0].duration_ms) == (-big, None, 0.0)
+    assert (stored[1].value_written, stored[1].value_read, stored[1].latency_ms) == (big, -1, None)
+    assert stored[2].version_read is None and stored[2].detail == {}
+    assert stored[3].detail == {"message": 'quote " and \\ backslash'}
+    assert all(e.t_ms >= 0 for e in stored) and Job.objects.get(pk=job.pk).last_seq == 4
