@@ -41,6 +41,12 @@ EVENT_COLUMNS = (
     "latency_ms",
     "detail",
 )
+# A stored batch, column by column: BATCH_COLUMNS and detail -> one sequence each, element i is event seq_from + i.
+Columns = dict[str, Sequence[Any]]
+# (seq_from, seq_to, columns) after each stored batch
+FlushListener = Callable[[int, int, Columns], None]
+
+
 # What an EventBatch stores of each event: an array per column, times as whole microseconds;
 # the view `jobs_event` gives them back in EVENT_COLUMNS, in milliseconds. `detail` is
 # stored apart: most events have none. Each column: (element type, may it hold NULL).
@@ -93,12 +99,6 @@ def _insert_batch(job_id: int, seq_from: int, seq_to: int, columns: Columns) -> 
     ]
     pgconn = connection.connection.pgconn
     check(pgconn.exec_params(_INSERT, values, _PARAM_TYPES, _PARAM_FORMATS))
-
-
-# A stored batch, column by column: BATCH_COLUMNS and detail -> one sequence each, element i is event seq_from + i.
-Columns = dict[str, Sequence[Any]]
-# (seq_from, seq_to, columns) after each stored batch
-FlushListener = Callable[[int, int, Columns], None]
 
 
 class JobDeleted(Exception):
