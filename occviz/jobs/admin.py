@@ -42,9 +42,6 @@ class EventAdmin(admin.ModelAdmin):
     show_full_result_count = False
     paginator = EventPaginator
 
-    def lookup_allowed(self, lookup: str, value: str, request: HttpRequest | None = None) -> bool:
-        return lookup in ("job", "job__id__exact") or super().lookup_allowed(lookup, value, request)
-
     def get_object(self, request: HttpRequest, object_id: str, from_field: str | None = None) -> Any:
         # The id is (job << 32) + seq: look the event up by its job, so only that job's batches are unnested.
         try:

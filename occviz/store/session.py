@@ -6,8 +6,8 @@ read its result and send its next statement; the time they spend in Python is
 time the row sits idle. Django's cursor costs about 110 us of Python per
 statement, this session about 40 us (each statement is prepared once per
 connection, then sent with PQexecPrepared, which releases the lock while it
-waits). The SQL is unchanged: `compare_and_swap` builds it and passes this
-session as its cursor.
+waits). The SQL is unchanged: a `Swap` (occviz.store.cas) builds it and runs it
+on this session.
 
 The session owns a connection of its own in autocommit mode; `transaction()`
 issues BEGIN / COMMIT / ROLLBACK itself.
@@ -31,8 +31,6 @@ _BOOL_OID = 16
 
 
 def _encode(value: Any) -> bytes | None:
-    if type(value) is int:  # nearly every parameter of the hot loop
-        return str(value).encode()
     if value is None:
         return None
     if isinstance(value, bool):
@@ -62,7 +60,7 @@ def _decoder(oid: int) -> Callable[[bytes], Any]:
 
 
 class PreparedSession:
-    """Cursor-like: `execute(sql, params)` with %s placeholders, then `fetchone()`; or both at once, `one()`."""
+    """`one(sql, params)` with %s placeholders: a prepared statement's first row; `execute` for the rest."""
 
     def __init__(self, using: str = "default") -> None:
         self.db = connections[using]  # what compare_and_swap prepares values for
@@ -73,7 +71,6 @@ class PreparedSession:
         self._pgconn = self._conn.pgconn
         self._prepared: dict[str, bytes] = {}
         self._decoders: dict[bytes, list[Callable[[bytes], Any]]] = {}
-        self._result: pq.abc.PGresult | None = None
 
     def _statement(self, sql: str) -> bytes:
         name = self._prepared.get(sql)
@@ -89,7 +86,7 @@ class PreparedSession:
         """Run `sql` as a prepared statement; its first row, or None. The hot loop's one call a statement."""
         name = self._prepared.get(sql) or self._statement(sql)
         result = self._pgconn.exec_prepared(name, [str(p).encode() if type(p) is int else _encode(p) for p in params])  # type: ignore[misc]
-        self._result = result = check(result)
+        result = check(result)
         if not result.ntuples:
             return None
         decoders = self._decoders.get(name)
@@ -102,17 +99,7 @@ class PreparedSession:
         if params:
             self.one(sql, params)
         else:
-            self._result = check(self._pgconn.exec_(sql.encode()))
-
-    def fetchone(self) -> tuple[Any, ...] | None:
-        result = self._result
-        if result is None or result.ntuples == 0:
-            return None
-        return tuple(
-            None if raw is None else _decoder(result.ftype(column))(raw)
-            for column in range(result.nfields)
-            for raw in (result.get_value(0, column),)
-        )
+            check(self._pgconn.exec_(sql.encode()))
 
     @contextmanager
     def transaction(self, isolation: str = "") -> Iterator[None]:

@@ -49,7 +49,7 @@ CROSS JOIN LATERAL unnest(batch.t_us, batch.actor, batch.op, batch.attempt, batc
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('jobs', '0003_event_job_without_constraint'),
+        ('jobs', '0002_event_job_index_from_unique_seq'),
     ]
 
     operations = [
