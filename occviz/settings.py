@@ -4,7 +4,7 @@ DATABASE_URL   any PostgreSQL; unset: the embedded PostgreSQL in .pgdata/
 REDIS_URL      channel layer on Redis; unset: PostgreSQL LISTEN/NOTIFY carries it
 SECRET_KEY, DEBUG, ALLOWED_HOSTS, CSRF_TRUSTED_ORIGINS
 OCCVIZ_MAX_*   the limits on one job (checked by occviz/scenarios/base.py)
-OCCVIZ_PIN_ACTORS  keep a running job's threads on one CPU (default on)
+OCCVIZ_PIN_ACTORS  keep a running job's threads on one CPU (default off)
 """
 
 from __future__ import annotations
@@ -137,8 +137,9 @@ OCCVIZ_MAX_SECONDS = envint("OCCVIZ_MAX_SECONDS", 300, maximum=86_400)
 OCCVIZ_MAX_THINK_MS = envint("OCCVIZ_MAX_THINK_MS", 5_000, maximum=600_000)
 OCCVIZ_MAX_ATTEMPTS = envint("OCCVIZ_MAX_ATTEMPTS", 1_000, maximum=1_000_000)
 OCCVIZ_WORKERS = envint("OCCVIZ_WORKERS", 2, maximum=32)
-# A running job's threads share one CPU (occviz/jobs/affinity.py).
-OCCVIZ_PIN_ACTORS = envbool("OCCVIZ_PIN_ACTORS", True)
+# A running job's threads share one CPU (occviz/jobs/affinity.py): worth it only where they,
+# not the disk, hold the job back.
+OCCVIZ_PIN_ACTORS = envbool("OCCVIZ_PIN_ACTORS", False)
 
 LOGGING = {
     "version": 1,

@@ -181,9 +181,10 @@ def test_the_admin_lists_a_jobs_events_and_shows_one(client) -> None:  # type: i
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="pinning needs two CPUs to choose from")
-def test_a_running_jobs_threads_share_one_cpu(settings) -> None:  # type: ignore[no-untyped-def]
+def test_when_pinned_a_running_jobs_threads_share_one_cpu(settings) -> None:  # type: ignore[no-untyped-def]
     from occviz.jobs.affinity import one_cpu
 
+    settings.OCCVIZ_PIN_ACTORS = True
     before = os.sched_getaffinity(0)
     seen: list[set[int]] = []
 
