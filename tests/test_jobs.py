@@ -162,6 +162,18 @@ def test_events_are_stored_a_batch_a_flush_and_read_one_by_one() -> None:
     assert overwriting and all(event.kind == "committed" and event.detail["overwrote"] >= 1 for event in overwriting)
 
 
+def test_analyze_leaves_the_event_arrays_alone() -> None:
+    # Autovacuum analyzes the batch table as jobs fill it: statistics on the arrays would
+    # mean detoasting every sampled batch (seconds of a core beside the running jobs).
+    job = run_job(create_job("counter", {"strategy": "occ", "writers": 2, "increments": 50}).pk)
+    assert EventBatch.objects.filter(job=job).exists()
+    with connections["default"].cursor() as cursor:
+        cursor.execute("ANALYZE jobs_eventbatch")
+        cursor.execute("SELECT attname FROM pg_stats WHERE tablename = 'jobs_eventbatch'")
+        analyzed = {name for (name,) in cursor.fetchall()}
+    assert analyzed == {"id", "job_id", "seq_from", "seq_to"}
+
+
 def test_the_admin_lists_a_jobs_events_and_shows_one(client) -> None:  # type: ignore[no-untyped-def]
     User.objects.create_superuser("root", "root@example.com", "pw-for-root")
     client.login(username="root", password="pw-for-root")
