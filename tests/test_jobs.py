@@ -13,6 +13,7 @@ import pytest
 from django.contrib.auth.models import User
 from django.db import connections
 
+from occviz.concurrency.strategies import Writer
 from occviz.jobs.models import Event, EventBatch, Job
 from occviz.jobs.runner import run_job
 from occviz.jobs.tasks import create_job, launch
@@ -216,6 +217,31 @@ def test_when_pinned_a_running_jobs_threads_share_one_cpu(settings) -> None:  # 
         thread.start()
         thread.join()
     assert cpu is None and seen[-1] == before
+
+
+def test_while_jobs_run_the_interpreter_lock_changes_hands_quickly(monkeypatch: pytest.MonkeyPatch) -> None:
+    from occviz.jobs.affinity import JOB_SWITCH_INTERVAL_S, quick_handoffs
+
+    before = sys.getswitchinterval()
+    assert before > JOB_SWITCH_INTERVAL_S
+    with quick_handoffs():
+        assert sys.getswitchinterval() == pytest.approx(JOB_SWITCH_INTERVAL_S)
+        with quick_handoffs():  # a second job in the same process
+            pass
+        assert sys.getswitchinterval() == pytest.approx(JOB_SWITCH_INTERVAL_S), "still one job running"
+    assert sys.getswitchinterval() == before
+
+    seen: list[float] = []
+    pause = Writer.pause
+
+    def watched_pause(writer: Writer, ms: float) -> bool:
+        seen.append(sys.getswitchinterval())
+        return pause(writer, ms)
+
+    monkeypatch.setattr(Writer, "pause", watched_pause)
+    run_job(create_job("counter", {"strategy": "none", "writers": 2, "increments": 3}).pk)
+    assert len(seen) == 6 and all(value == pytest.approx(JOB_SWITCH_INTERVAL_S) for value in seen)
+    assert sys.getswitchinterval() == before
 
 
 def test_the_recorder_stores_what_it_was_given_extremes_and_none_included() -> None:

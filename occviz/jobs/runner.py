@@ -19,7 +19,7 @@ from django.conf import settings
 from django.db import connections
 from django.utils import timezone
 
-from occviz.jobs.affinity import one_cpu
+from occviz.jobs.affinity import one_cpu, quick_handoffs
 from occviz.jobs.models import Job
 from occviz.jobs.recorder import EventRecorder
 from occviz.live.publish import JobPublisher, publish_status
@@ -99,8 +99,8 @@ def run_job(job_id: int) -> Job:
     context = JobContext(job, recorder)
     summary: dict[str, Any] | None = None
     error = ""
-    # The flusher and the actors start inside: they inherit the one CPU.
-    with one_cpu():
+    # The flusher and the actors start inside: pinned, they inherit the one CPU.
+    with one_cpu(), quick_handoffs():
         recorder.start()
         try:
             summary = scenario.run(job, job.params, context)
