@@ -10,11 +10,12 @@ row sat idle. With a 0.2 ms interval while a job runs, 0.91 and 0.83 of pgbench 
 0.82 and 0.77 (medians of seven alternating rounds, two comparisons).
 
 Placement (`one_cpu`). A job's actors are threads of one process: they share one
-interpreter lock, so together they never run more than one core's worth of Python. Kept on one core,
-they find their code and data warm and leave the other cores to PostgreSQL; left to
-the scheduler, a thread woken by its result can run its system calls on an idle core
-while another holds the lock. Which wins depends on what holds the job back (4 writers
-on one hot row, two cores, alternating rounds against pgbench as `make bench` runs them):
+interpreter lock, so together they never run more than one core's worth of Python.
+Kept on one core, they find their code and data warm and leave the other cores to
+PostgreSQL; left to the scheduler, a thread woken by its result can run its system
+calls on an idle core while another holds the lock. Which wins depends on what holds
+the job back (4 writers on one hot row, two cores, alternating rounds against pgbench
+as `make bench` runs them):
 
 - commits that wait on the disk (the embedded PostgreSQL, fsync on): unpinned ahead,
   0.87 against 0.81 of pgbench (medians of alternating rounds; 0.06 to 0.08 in four
