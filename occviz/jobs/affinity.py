@@ -1,32 +1,22 @@
 """How a running job's threads are scheduled: the interpreter lock passed on quickly, and
 the threads kept on one CPU when OCCVIZ_PIN_ACTORS asks for it.
 
-Passing the lock on (`quick_handoffs`). A thread running Python keeps the interpreter
-lock until it blocks, or until another thread has waited for it the switch interval,
-5 ms by default. The writers block within microseconds, but the event flusher spends
-about 4 ms of CPU on a batch and the publisher about 2 on a progress message, ten times
-a second each: a writer whose result came back meanwhile waited for them, and the hot
-row sat idle. With a 0.2 ms interval while a job runs, 0.91 and 0.83 of pgbench against
-0.82 and 0.77 (medians of seven alternating rounds, two comparisons).
+`quick_handoffs`: a thread running Python keeps the interpreter lock until it blocks, or
+until another thread has waited for it the switch interval (5 ms by default). The writers
+block within microseconds, but the event flusher and the publisher run for milliseconds at
+a time, and a writer whose result came back meanwhile would wait for them while the hot
+row sits idle. So while a job runs the interval is JOB_SWITCH_INTERVAL_S.
 
-Placement (`one_cpu`). A job's actors are threads of one process: they share one
-interpreter lock, so together they never run more than one core's worth of Python.
-Kept on one core, they find their code and data warm and leave the other cores to
-PostgreSQL; left to the scheduler, a thread woken by its result can run its system
-calls on an idle core while another holds the lock. Which wins depends on what holds
-the job back (4 writers on one hot row, two cores, alternating rounds against pgbench
-as `make bench` runs them):
+`one_cpu`: a job's actors are threads of one process and share one interpreter lock, so
+together they never run more than one core's worth of Python. Kept on one core, they find
+their code and data warm and leave the other cores to PostgreSQL: that wins where the
+writers' CPU is the limit (commits that do not wait on a disk). Where commits wait on the
+disk, each commit wakes all the writers at once, and on one core the next winner's
+statement queues behind the others' system calls; left to the scheduler, a thread woken by
+its result can make its system calls on an idle core while another holds the lock. The
+default leaves placement to the scheduler; OCCVIZ_PIN_ACTORS=on pins.
 
-- commits that wait on the disk (the embedded PostgreSQL, fsync on): unpinned ahead,
-  0.87 against 0.81 of pgbench (medians of alternating rounds; 0.06 to 0.08 in four
-  comparisons). When a commit lands, all four writers wake at once, and on one core
-  the next winner's statement queues behind the others' system calls.
-- commits that do not (a PostgreSQL with its data in memory), where the writers'
-  CPU is the limit: pinned ahead, 0.49 against 0.41; on a machine whose disk committed
-  nearly twice as fast, pinned was ahead by 0.02 to 0.12.
-
-The default leaves placement to the scheduler, which wins on the disks these machines
-have; OCCVIZ_PIN_ACTORS=on pins.
+Measurements: docs/performance.md.
 """
 
 from __future__ import annotations

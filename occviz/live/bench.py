@@ -3,41 +3,20 @@
     from occviz.live.bench import streaming_bench
     figures = streaming_bench(None, seconds=4.0, writers=4, viewers=50, rounds=3)
 
-(`database_url=None` uses the database of the current settings.) It runs the same
-`occ` counter race `rounds` times each way, alternating, in a `db_worker` process: once with no viewers, once with
-`viewers` websocket clients following `/ws/jobs/<id>/events/` through a real Daphne
-server started on a free port of 127.0.0.1, signed in with a session cookie of a
-user it creates. It returns both runs' commits per second (the job's own figure),
-their ratio, and the event-to-client latency percentiles.
+(`database_url=None` uses the database of the current settings.) It runs the same `occ`
+counter race `rounds` times each way, alternating, in a `db_worker` process: once with no
+viewers, once with `viewers` websocket clients following `/ws/jobs/<id>/events/` through a
+real Daphne server started on a free port of 127.0.0.1, signed in with a session cookie of a
+user it creates. It returns both sides' commits per second (the job's own figure), their
+ratio, and the event-to-client latency percentiles.
 
-Before measuring it checks that the channel layer carries a message (a group send
-and receive on this database or Redis): without it every feed falls back to polling
-the job row once a second, and the latency measured would be that poll, not the stream.
-
-Latency, and why it is fair:
-- The event's moment. `t_ms` counts from the release of the job's actors on the
-  worker's clock (`perf_counter`), which no other process can read. The job row's
-  `started_at` is stamped by the same worker (wall clock) when it takes the job,
-  before the scenario creates its rows and the actors open their connections, so
-  `started_at + t_ms` is never later than the wall time the event happened: the
-  latency computed is an upper bound, high by that setup time (about 10 ms here,
-  measured by wrapping the recorder's clock start), never flattered.
-- The client's moment. Each client stamps `time.time()` when it has read the last
-  byte of a message (the frame is usable only whole), in its own event loop. All
-  processes share this machine's wall clock, so no offset between them needs
-  correcting. The 50 clients share one process and the same two cores as the
-  server, the worker and PostgreSQL; time a client waits for its loop counts
-  against the stream, as a slow browser's would.
-- Weighting. Every event of every client counts once: a frame of 500 events adds
-  500 latencies (each against its own `t_ms`), so a stream that batches more does
-  not look better by counting frames instead of events. The events that waited
-  longest in a batch (the recorder stores every 0.1 s, frames follow each batch)
-  are part of the figure, as they are of what a viewer sees.
-- Completeness. Every client checks the `seq_from`/`seq_to` chain of its frames (no
-  gap, no duplicate, up to the job's last event); the first client also decodes every
-  frame, turns the event arrays back into objects with the hello's `event_fields`
-  and checks that their `seq`s run exactly once from 1 to the last. Decoding is
-  left to one client so the measuring process does not load the machine it measures.
+It refuses to measure when the channel layer carries nothing, since the feeds would then
+poll the job row once a second and the latency would be that poll's. A latency is the
+client's wall-clock time on reading a whole message, minus the job's `started_at` plus the
+event's `t_ms`: an upper bound, as `started_at` is stamped before the actors are released.
+Every event of every client counts once, so batching more cannot look better. Every client
+checks its frames' `seq_from`/`seq_to` chain; the first also decodes the event arrays and
+checks every `seq` once. Why these choices make the figures fair: docs/performance.md.
 """
 
 from __future__ import annotations

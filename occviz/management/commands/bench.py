@@ -7,6 +7,8 @@ machine slows both sides alike; the figure that matters is their ratio.
 
 streaming: one job watched by 50 websocket clients against the same job unwatched
 (`occviz.live.bench.streaming_bench`), and the event-to-client latency.
+
+How to read the figures, and what they have been: docs/performance.md.
 """
 
 from __future__ import annotations
