@@ -65,6 +65,10 @@ class Counter(VersionedObject):
     """One integer row: the hot spot of the counter race."""
 
     value = models.BigIntegerField(default=0)
+    fencing_token = models.BigIntegerField(
+        default=0,
+        help_text="The newest fencing token a guarded write carried: a write with an older token is rejected.",
+    )
 
     kind_plural = "counters"
 
