@@ -1,0 +1,1 @@
+"""Leader election on a Lease: client-go's tryAcquireOrRenew, failure controls and fencing."""

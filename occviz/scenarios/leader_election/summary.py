@@ -1,0 +1,395 @@
+"""What a leader election showed, from its recorded events and the Lease at the end, and how to say it.
+
+`summarize()` gives the headless summary (leaders, failovers and their bounds,
+validity by the database's clock, fencing) with its invariant; `sentence()` and
+`describe_failover()` hold the wording the pages and `runjob` use.
+
+Failover bounds. After a kill (or a pause, or a cut-off) the leader's last
+renewal was written at most one RetryPeriod before; a follower restarts its
+observed clock only when it next reads the record, up to one jittered retry
+period (2.2 x RetryPeriod) after that write, waits out LeaseDuration from there,
+and acquires on its next try, up to another 2.2 x RetryPeriod later. So the honest
+worst case is LeaseDuration + 2 x 2.2 x RetryPeriod, and that is the bound used,
+plus FAILOVER_MARGIN_S for statements, reconnections and thread scheduling. After
+a graceful stop that released the lease, the first follower to try again sees an
+empty holder and takes it at once: 2.2 x RetryPeriod + the margin.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, Final
+
+from django.db import connection
+
+from occviz.scenarios.leader_election.elector import JITTER_FACTOR, identity
+
+if TYPE_CHECKING:
+    from occviz.scenarios.leader_election.elector import LeaderElectionConfig
+    from occviz.store.models import Lease
+
+Event = Mapping[str, Any]
+
+FAILOVER_MARGIN_S: Final = 0.5
+"""Added to every failover bound: statement round trips, a reconnection, threads waiting for the CPU."""
+
+# The controls that can end a leadership, as a failover names its cause.
+CAUSES: Final = {"killed": "kill", "stopped": "stop", "paused": "pause", "cut_off": "cut-off"}
+_ENDS_LEADERSHIP: Final = {"lost", "released", "killed", "stopped"}
+
+_EVENT_COLUMNS = (
+    "seq, t_ms, actor, op, attempt, kind, row, version_read, version_written, value_read, value_written, "
+    "duration_ms, latency_ms, detail"
+)
+
+
+def read_events(job_id: int) -> list[dict[str, Any]]:
+    """A job's stored events, in order, as dicts (the `jobs_event` view's columns)."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT {_EVENT_COLUMNS} FROM jobs_event WHERE job_id = %s ORDER BY seq", [job_id])
+        names = [column.name for column in cursor.description]
+        return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+
+
+def detail(event: Event) -> dict[str, Any]:
+    """An event's detail as a dict (the view may give jsonb back as text)."""
+    value = event.get("detail")
+    if isinstance(value, str):
+        value = json.loads(value)
+    return value or {}
+
+
+def _s(event: Event) -> float:
+    return float(event["t_ms"]) / 1000.0
+
+
+def _name(event: Event) -> str:
+    return identity(int(event["actor"]))
+
+
+def failover_bound_s(cause: str, config: LeaderElectionConfig, *, released: bool = False) -> float:
+    """The longest a failover of `cause` may take (module docstring: why)."""
+    jittered = (1.0 + JITTER_FACTOR) * config.retry_period
+    if cause == "stop" and released:
+        return jittered + FAILOVER_MARGIN_S
+    return config.lease_duration + 2 * jittered + FAILOVER_MARGIN_S
+
+
+def leaderships(events: Sequence[Event], end_s: float) -> list[dict[str, Any]]:
+    """Each leadership as its replica lived it: from `acquired` to lost, released, killed, stopped, or the end.
+
+    A paused leader's leadership spans its pause (it still believes it leads) and can
+    overlap its successor's: that is the stale leader. Whether two leaders were *valid*
+    at once is judged by the database's clock instead (`max_valid_leaders`).
+    """
+    result: list[dict[str, Any]] = []
+    open_: dict[int, dict[str, Any]] = {}
+    for event in events:
+        actor, kind = int(event["actor"]), event["kind"]
+        if kind == "acquired" and actor not in open_:
+            open_[actor] = {
+                "identity": _name(event),
+                "from_s": round(_s(event), 3),
+                "to_s": None,
+                "transition": event["value_written"],
+                "ended": None,
+            }
+            result.append(open_[actor])
+        elif kind in _ENDS_LEADERSHIP and actor in open_:
+            leadership = open_.pop(actor)
+            leadership.update(to_s=round(_s(event), 3), ended=kind)
+    for leadership in open_.values():
+        leadership.update(to_s=round(end_s, 3), ended="end")
+    return result
+
+
+def _db_time(event: Event) -> datetime:
+    return datetime.fromisoformat(detail(event)["db_time"])
+
+
+def valid_intervals(
+    events: Sequence[Event], config: LeaderElectionConfig
+) -> dict[int, list[tuple[datetime, datetime]]]:
+    """Per replica, when it was a valid leader by the database's clock.
+
+    Valid from the database time of its acquiring write until LeaseDuration after its
+    last renewal (or until it released, if sooner): a follower only takes over once it
+    has seen that last renewal and waited LeaseDuration by its own clock.
+    """
+    lease = timedelta(seconds=config.lease_duration)
+    intervals: dict[int, list[tuple[datetime, datetime]]] = {}
+    current: dict[int, tuple[datetime, datetime]] = {}  # actor -> (valid since, last write)
+    for event in events:
+        kind = event["kind"]
+        if kind not in ("acquired", "renewed", "released"):
+            continue
+        actor, at = int(event["actor"]), _db_time(event)
+        held = current.get(actor)
+        if kind == "released":
+            if held is not None:
+                intervals.setdefault(actor, []).append((held[0], min(at, held[1] + lease)))
+                del current[actor]
+        elif held is not None and at <= held[1] + lease:
+            current[actor] = (held[0], at)  # a renewal, or re-taking a lease that still named it
+        else:
+            if held is not None:
+                intervals.setdefault(actor, []).append((held[0], held[1] + lease))
+            current[actor] = (at, at)
+    for actor, (since, last) in current.items():
+        intervals.setdefault(actor, []).append((since, last + lease))
+    return intervals
+
+
+def max_valid_leaders(events: Sequence[Event], config: LeaderElectionConfig) -> tuple[int, str]:
+    """The most replicas valid as leader at one instant by the database's clock, and who, when more than one."""
+    edges: list[tuple[datetime, int, int]] = []  # (time, +1 start / -1 end, actor); ends sort first
+    for actor, spans in valid_intervals(events, config).items():
+        for since, until in spans:
+            edges.append((since, 1, actor))
+            edges.append((until, -1, actor))
+    edges.sort(key=lambda edge: (edge[0], edge[1]))
+    valid: dict[int, int] = {}
+    most, who = 0, ""
+    for at, step, actor in edges:
+        valid[actor] = valid.get(actor, 0) + step
+        # One replica's own overlapping spans (it re-took its own lease) are still one leader.
+        now = sum(1 for count in valid.values() if count > 0)
+        if now > most:
+            most = now
+            holders = ", ".join(identity(a) for a, count in sorted(valid.items()) if count > 0)
+            who = f"{holders} at {at.isoformat()}"
+    return most, who
+
+
+def stale_writes_landed(events: Sequence[Event]) -> int:
+    """Guarded writes that landed with a token older than one already written (the fencing must make it 0)."""
+    landed = sorted((e for e in events if e["kind"] == "guarded_write"), key=lambda e: e["version_written"])
+    newest = None
+    stale = 0
+    for event in landed:
+        token = event["value_written"]
+        if newest is not None and token < newest:
+            stale += 1
+        newest = token if newest is None else max(newest, token)
+    return stale
+
+
+def _others_alive(events: Sequence[Event], actor: int) -> bool:
+    """Whether a replica other than `actor` was still running after `events`."""
+    seen = {int(e["actor"]) for e in events}
+    gone = {int(e["actor"]) for e in events if e["kind"] in ("killed", "stopped")}
+    return bool(seen - gone - {actor})
+
+
+def failovers(events: Sequence[Event], config: LeaderElectionConfig, end_s: float) -> list[dict[str, Any]]:
+    """Each control that hit the leader and cost it the lease, with how long until another replica led."""
+    result = []
+    for index, event in enumerate(events):
+        cause = CAUSES.get(event["kind"])
+        if cause is None or not detail(event).get("leading"):
+            continue
+        actor, at_s = int(event["actor"]), _s(event)
+        released = False
+        successor: Event | None = None
+        kept = False
+        for later in events[index + 1 :]:
+            same = int(later["actor"]) == actor
+            if same and later["kind"] == "released":
+                released = True
+            elif same and later["kind"] in ("acquired", "renewed"):
+                kept = True  # it woke, or got through again, in time to keep its lease: no failover
+                break
+            elif not same and later["kind"] == "acquired":
+                successor = later
+                break
+        if kept:
+            continue
+        bound_s = failover_bound_s(cause, config, released=released)
+        after_s = None if successor is None else round(_s(successor) - at_s, 3)
+        if after_s is not None:
+            within: bool | None = after_s <= bound_s
+        elif end_s < at_s + bound_s or not _others_alive(events[: index + 1], actor):
+            within = None  # the job ended first, or no replica was left to take over: nothing to judge
+        else:
+            within = False
+        result.append(
+            {
+                "cause": cause,
+                "at_s": round(at_s, 3),
+                "new_leader_after_s": after_s,
+                "bound_s": round(bound_s, 3),
+                "leader": _name(event),
+                "new_leader": None if successor is None else _name(successor),
+                "transition": None if successor is None else successor["value_written"],
+                "within_bound": within,
+            }
+        )
+    return result
+
+
+def summarize(
+    events: Sequence[Event], lease: Lease, config: LeaderElectionConfig, *, replicas: int | None = None
+) -> dict[str, Any]:
+    """The job's headless summary: leaders, failovers, validity by the database's clock, fencing, invariant.
+
+    `events` as read from `jobs_event` (or recorded in a list), `lease` the job's Lease as
+    it is now. `replicas` defaults to the highest replica number seen in the events.
+    """
+    events = sorted(events, key=lambda e: (e["t_ms"], e.get("seq") or 0))
+    end_s = _s(events[-1]) if events else 0.0
+    counts: dict[str, int] = {}
+    for event in events:
+        counts[event["kind"]] = counts.get(event["kind"], 0) + 1
+    acquire_attempts = (
+        counts.get("acquired", 0)
+        + counts.get("backed_off", 0)
+        + sum(
+            1
+            for e in events
+            if e["kind"] in ("conflict", "db_error")
+            and detail(e).get("phase") == "acquire"
+            and detail(e).get("path") != "fast"
+        )
+    )
+    led = leaderships(events, end_s)
+    moved = failovers(events, config, end_s)
+    most, who = max_valid_leaders(events, config)
+    landed_stale = stale_writes_landed(events)
+    # Each transition is one acquisition by a new holder; a replica that re-took a lease still
+    # naming it wrote the same number again, so distinct numbers are what the Lease counted.
+    transitions_seen = len({e["value_written"] for e in events if e["kind"] == "acquired"})
+    transitions = lease.lease_transitions
+
+    problems = []
+    if most > 1:
+        problems.append(f"{most} valid leaders at once by the database's clock ({who})")
+    for failover in moved:
+        if failover["within_bound"] is False:
+            took = failover["new_leader_after_s"]
+            problems.append(
+                f"the failover after {failover['leader']}'s {failover['cause']} at {failover['at_s']:.1f} s took "
+                + ("forever" if took is None else f"{took:.1f} s")
+                + f", more than its bound of {failover['bound_s']:.1f} s"
+            )
+    if landed_stale:
+        problems.append(f"{landed_stale} stale guarded writes landed despite the fencing")
+    if transitions_seen != transitions:
+        problems.append(f"the events show {transitions_seen} transitions, the Lease counts {transitions}")
+    if problems:
+        verdict = "; ".join(problems)
+    else:
+        timed = [f for f in moved if f["new_leader_after_s"] is not None]
+        verdict = (
+            "never two valid leaders by the database's clock"
+            + (
+                f"; {len(timed)} failover{'s' if len(timed) != 1 else ''} within bound ("
+                + ", ".join(f"{f['new_leader_after_s']:.1f} s of {f['bound_s']:.1f}" for f in timed)
+                + ")"
+                if timed
+                else ""
+            )
+            + f"; {counts.get('fenced', 0)} stale writes fenced, none landed"
+            + f"; {transitions} transitions, as the events show"
+        )
+    return {
+        "replicas": replicas if replicas is not None else max((int(e["actor"]) for e in events), default=0),
+        "transitions": transitions,
+        "leaders": led,
+        "failovers": moved,
+        "max_leaders_at_once": most,
+        "renewals": counts.get("renewed", 0),
+        "acquire_attempts": acquire_attempts,
+        "conflicts": counts.get("conflict", 0),
+        "fenced_writes_rejected": counts.get("fenced", 0),
+        "fenced_writes_landed": landed_stale,
+        "invariant_ok": not problems,
+        "invariant": verdict,
+    }
+
+
+# -- the wording --------------------------------------------------------------------------------------
+
+_CAUSE_WORDS: Final = {
+    "kill": "was killed",
+    "stop": "was stopped",
+    "pause": "was paused",
+    "cut-off": "was cut off from the database",
+}
+
+
+def describe_failover(failover: Mapping[str, Any]) -> str:
+    """E.g. "replica-2 acquired the lease (transition 3), 4.1 s after replica-1 was killed (bound 6.9 s)"."""
+    what = f"{failover['leader']} {_CAUSE_WORDS[failover['cause']]}"
+    if failover["new_leader"] is None:
+        return f"No replica acquired the lease after {what} at {failover['at_s']:.1f} s."
+    return (
+        f"{failover['new_leader']} acquired the lease (transition {failover['transition']}), "
+        f"{failover['new_leader_after_s']:.1f} s after {what} (bound {failover['bound_s']:.1f} s)."
+    )
+
+
+def _seconds(value: Any) -> str:
+    return f"{float(value):g} s"
+
+
+def _acquired(e: Event, d: dict[str, Any]) -> str:
+    if e["value_written"] == e["value_read"]:
+        return f"{_name(e)} took the lease back (transition {e['value_written']}): it still named it."
+    before = f" from {d['holder']}" if d.get("holder") else ""
+    return f"{_name(e)} acquired the lease{before} (transition {e['value_written']})."
+
+
+def _fenced(e: Event, d: dict[str, Any]) -> str:
+    return (
+        f"{_name(e)}'s write with token {e['value_written']} was fenced: the counter has seen token {e['value_read']}."
+    )
+
+
+def _woke(e: Event, d: dict[str, Any]) -> str:
+    belief = "believing it leads" if d.get("believes_leader") else "as a follower"
+    return f"{_name(e)} woke from a {_seconds(d.get('seconds', 0))} pause {belief}."
+
+
+def _skewed(e: Event, d: dict[str, Any]) -> str:
+    seconds = float(d.get("seconds", 0))
+    if seconds == 0:
+        return f"{_name(e)}'s clock is right again."
+    return f"{_name(e)}'s clock now runs {abs(seconds):g} s {'ahead' if seconds > 0 else 'behind'}."
+
+
+_SENTENCES: Final[dict[str, Callable[[Event, dict[str, Any]], str]]] = {
+    "acquired": _acquired,
+    "renewed": lambda e, d: f"{_name(e)} renewed the lease.",
+    "backed_off": lambda e, d: f"{_name(e)} backed off: {d.get('holder', 'another replica')}'s lease is still valid.",
+    "conflict": lambda e, d: (
+        f"{_name(e)} lost the compare-and-swap on the lease: version {e['version_read']} had moved on."
+    ),
+    "renew_failed": lambda e, d: f"{_name(e)} could not renew: {d.get('reason') or 'no reason given'}.",
+    "lost": lambda e, d: (
+        f"{_name(e)} stepped down: no renewal for {float(d.get('since_renew_s', 0)):.1f} s (RenewDeadline)."
+    ),
+    "released": lambda e, d: f"{_name(e)} released the lease.",
+    "guarded_write": lambda e, d: f"{_name(e)} did its guarded write with token {e['value_written']}.",
+    "fenced": _fenced,
+    "db_error": lambda e, d: f"{_name(e)}: database error ({d.get('phase', '?')}): {d.get('message', '')}",
+    "reconnected": lambda e, d: f"{_name(e)} reconnected to the database.",
+    "killed": lambda e, d: f"{_name(e)} was killed.",
+    "stopped": lambda e, d: f"{_name(e)} was stopped gracefully.",
+    "paused": lambda e, d: f"{_name(e)} froze for {_seconds(d.get('seconds', 0))} (a stop-the-world pause).",
+    "woke": _woke,
+    "cut_off": lambda e, d: f"{_name(e)} was cut off from the database for {_seconds(d.get('seconds', 0))}.",
+    "skewed": _skewed,
+    "added": lambda e, d: f"{_name(e)} joined the election.",
+    "control_failed": lambda e, d: f"The {d.get('control')} of {_name(e)} could not be applied: {d.get('error')}",
+    "error": lambda e, d: f"{_name(e)} failed: {d.get('message', '')}",
+}
+
+
+def sentence(event: Event) -> str:
+    """One event in words, e.g. "replica-1's write with token 2 was fenced: the counter has seen token 3"."""
+    say = _SENTENCES.get(event["kind"])
+    if say is None:
+        return f"{_name(event)}: {event['kind']}."
+    return say(event, detail(event))
