@@ -41,6 +41,7 @@ INSTALLED_APPS = [
     "occviz",
     "occviz.store",
     "occviz.jobs",
+    "occviz.scenarios",
     "occviz.live",
     "occviz.web",
 ]
@@ -71,6 +72,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "occviz.web.context.scenarios",
             ],
         },
     },

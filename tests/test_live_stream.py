@@ -165,15 +165,14 @@ def counter_job(**params: Any) -> Job:
 
 async def test_anonymous_sockets_are_refused() -> None:
     job = await sync_to_async(counter_job)()
-    for path in (f"/ws/jobs/{job.pk}/events/", f"/ws/jobs/{job.pk}/live/"):
+    for path in (f"/ws/jobs/{job.pk}/events/", f"/ws/jobs/{job.pk}/events/?html=1"):
         communicator = socket(path, cookie=None)
         connected, _ = await communicator.connect()
         assert connected
         outputs = [message async for message in messages_until_close(communicator)]
         assert outputs[-1] == 4401
-        if path.endswith("/events/"):
-            assert outputs[0] == {"type": "error", "code": 4401, "error": outputs[0]["error"]}
-            assert "not signed in" in outputs[0]["error"]
+        assert outputs[0] == {"type": "error", "code": 4401, "error": outputs[0]["error"]}
+        assert "not signed in" in outputs[0]["error"]
 
 
 async def test_cross_origin_sockets_are_refused(session_cookie: bytes) -> None:
@@ -278,17 +277,16 @@ async def test_bad_client_messages_get_an_error_and_change_nothing(session_cooki
     await communicator.disconnect()
 
 
-async def test_fragment_socket_sends_the_oob_fragments(session_cookie: bytes) -> None:
+async def test_the_page_socket_ends_with_the_oob_fragments(session_cookie: bytes) -> None:
     job = await sync_to_async(lambda: run_job(counter_job(increments=20).pk))()
-    communicator = socket(f"/ws/jobs/{job.pk}/live/", session_cookie)
+    communicator = socket(f"/ws/jobs/{job.pk}/events/?html=1", session_cookie)
     assert (await communicator.connect())[0]
-    html = ""
-    while True:
-        output = await communicator.receive_output(10)
-        if output["type"] == "websocket.close":
-            break
-        html += output["text"]
-    for fragment_id in ("live-status", "live-counters", "live-rows", "live-log"):
+    outputs = [message async for message in messages_until_close(communicator)]
+    assert outputs[-1] == 1000
+    end = outputs[-2]
+    assert end["type"] == "end"
+    html = end["html"]
+    for fragment_id in ("live-status", "live-figures", "live-state", "live-log"):
         assert f'id="{fragment_id}"' in html
     assert html.count('hx-swap-oob="true"') >= 4
     assert "Invariant holds" in html
@@ -296,14 +294,20 @@ async def test_fragment_socket_sends_the_oob_fragments(session_cookie: bytes) ->
     assert f">{job.summary['committed']}</dd>" in html
 
 
+async def test_a_bad_html_flag_is_refused(session_cookie: bytes) -> None:
+    job = await sync_to_async(counter_job)()
+    communicator = socket(f"/ws/jobs/{job.pk}/events/?html=yes", session_cookie)
+    assert (await communicator.connect())[0]
+    outputs = [message async for message in messages_until_close(communicator)]
+    assert outputs[-1] == 4400
+    assert "html='yes'" in outputs[0]["error"]
+
+
 async def test_page_can_include_the_partials() -> None:
     from django.template import Context, Template
 
-    page = Template('{% include "live/job_live.html#counters" %}{% include "live/job_live.html#socket" %}').render(
-        Context({"job": {"id": 7}, "totals": None})
-    )
-    assert 'id="live-counters"' in page and "hx-swap-oob" not in page
-    assert 'ws-connect="/ws/jobs/7/live/"' in page
+    page = Template('{% include "live/job_live.html#figures" %}').render(Context({"job": {"id": 7}, "figures": []}))
+    assert 'id="live-figures"' in page and "hx-swap-oob" not in page
 
 
 @pytest.mark.slow

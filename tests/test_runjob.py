@@ -61,7 +61,7 @@ def test_runjob_runs_for_a_duration(run_manage) -> None:  # type: ignore[no-unty
 def test_runjob_without_json_prints_a_readable_summary(run_manage) -> None:  # type: ignore[no-untyped-def]
     result = run_manage("runjob", "counter", "--strategy", "none", "--writers", "4", "--increments", "10")
     assert result.returncode == 0, result.stderr
-    assert "strategy none" in result.stdout
+    assert "Counter race (none, 4 writers" in result.stdout
     assert "lost updates" in result.stdout
     assert "invariant holds" in result.stdout
 
@@ -72,7 +72,10 @@ def test_runjob_without_json_prints_a_readable_summary(run_manage) -> None:  # t
         (["--strategy", "occ", "--writers", "0"], "--writers: Ensure this value is greater than or equal to 1"),
         (["--strategy", "occ", "--writers", "100000"], "--writers: At most 64 writers"),
         (["--strategy", "optimistic"], "invalid choice: 'optimistic'"),
-        (["--strategy", "occ", "--increments", "5", "--seconds", "2"], "not allowed with argument"),
+        (
+            ["--strategy", "occ", "--increments", "5", "--seconds", "2"],
+            "--seconds: Give increments or seconds, not both",
+        ),
         (["--strategy", "occ", "--writers", "four"], "invalid int value: 'four'"),
         (["--strategy", "occ", "--think-ms", "-1"], "--think-ms: Ensure this value is greater than or equal to 0"),
         (["--strategy", "occ", "--retry", "forever"], "invalid choice: 'forever'"),

@@ -167,11 +167,11 @@ def test_compare_puts_jobs_side_by_side_on_one_scale(signed_in: Client, alice: U
     series = response.context["series"]
     assert series["bin_ms"] == 100
     assert [j["id"] for j in series["jobs"]] == [race.pk, other.pk]
-    assert sum(series["jobs"][0]["committed"]) == 60
-    assert sum(series["jobs"][1]["committed"]) == 60
-    assert sum(series["jobs"][0]["conflict"]) == race.summary["conflicts"]  # type: ignore[index]
+    assert sum(series["jobs"][0]["rates"]["committed"]) == 60
+    assert sum(series["jobs"][1]["rates"]["committed"]) == 60
+    assert sum(series["jobs"][0]["rates"]["conflict"]) == race.summary["conflicts"]  # type: ignore[index]
     # the same length: one time axis for both
-    assert len(series["jobs"][0]["committed"]) == len(series["jobs"][1]["committed"])
+    assert len(series["jobs"][0]["rates"]["committed"]) == len(series["jobs"][1]["rates"]["committed"])
     ticked = signed_in.get(f"/jobs/compare/?id={race.pk}&id={other.pk}")
     assert ticked.status_code == 200
 

@@ -119,24 +119,19 @@ def test_a_preset_fills_the_form(signed_in: Client) -> None:
     assert '<option value="occ" selected>' in text
 
 
-@pytest.mark.parametrize(
-    "slug",
-    [
-        "lost-update-demo",
-        "k8s-default-backoff",
-        "k8s-default-retry",
-        "pessimistic-lock-queue",
-        "serializable-retries",
-        "atomic-increment",
-    ],
-)
-def test_every_preset_is_a_valid_launch(signed_in: Client, slug: str) -> None:
-    from occviz.scenarios.counter import CounterForm
-    from occviz.web.presets import find_preset
+def _presets() -> list[tuple[str, str]]:
+    from occviz.scenarios import SCENARIOS
 
-    preset = find_preset("counter", slug)
-    assert preset is not None
-    assert CounterForm(data=preset.params).is_valid()
+    return [(spec.name, preset.slug) for spec in SCENARIOS.values() for preset in spec.presets]
+
+
+@pytest.mark.parametrize(("scenario", "slug"), _presets())
+def test_every_preset_is_a_valid_launch(signed_in: Client, scenario: str, slug: str) -> None:
+    from occviz.scenarios import SCENARIOS
+
+    spec = SCENARIOS[scenario]
+    preset = next(p for p in spec.presets if p.slug == slug)
+    assert spec.form_class(data=preset.params).is_valid()
 
 
 @pytest.mark.parametrize(
@@ -206,8 +201,7 @@ def test_job_page_has_the_timeline_charts_and_cancel(signed_in: Client, alice: U
     assert "data-rates" in html
     assert f'action="/jobs/{job.pk}/cancel/"' in html
     assert f'data-ws-path="/ws/jobs/{job.pk}/events/"' in html
-    assert f'ws-connect="/ws/jobs/{job.pk}/live/"' in html
-    for fragment in ("live-status", "live-counters", "live-rows", "live-log"):
+    for fragment in ("live-status", "live-figures", "live-state", "live-log"):
         assert f'id="{fragment}"' in html
     assert "static/occviz/viz.js" in html
 

@@ -22,8 +22,7 @@ from django.utils import timezone
 from occviz.jobs.affinity import one_cpu, quick_handoffs
 from occviz.jobs.models import Job
 from occviz.jobs.recorder import EventRecorder
-from occviz.live.publish import JobPublisher, publish_status
-from occviz.scenarios import SCENARIOS
+from occviz.jobs.registry import observers_for, program
 
 logger = logging.getLogger(__name__)
 
@@ -32,8 +31,11 @@ Actor = Callable[[Callable[[], object]], None]
 
 
 class JobContext:
+    """What a running program is given: its job and parameters, the recorder, the stop signal."""
+
     def __init__(self, job: Job, recorder: EventRecorder) -> None:
         self.job = job
+        self.params: dict[str, Any] = dict(job.params)
         self.recorder = recorder
         self.stop = threading.Event()
         self.stop_reason = ""
@@ -93,9 +95,10 @@ def run_job(job_id: int) -> Job:
     if not job.move(Job.Status.QUEUED, Job.Status.RUNNING, started_at=timezone.now()):
         logger.info("job %s is %s, not queued: not running it", job.pk, job.status)
         return job
-    scenario = SCENARIOS[job.scenario]
+    runnable = program(job.scenario)
     recorder = EventRecorder(job.pk, last_seq=job.last_seq)
-    recorder.listeners.append(JobPublisher(job))
+    observers = observers_for(job)
+    recorder.listeners.extend(observer.stored for observer in observers)
     context = JobContext(job, recorder)
     summary: dict[str, Any] | None = None
     error = ""
@@ -103,7 +106,7 @@ def run_job(job_id: int) -> Job:
     with one_cpu(), quick_handoffs():
         recorder.start()
         try:
-            summary = scenario.run(job, job.params, context)
+            summary = runnable.run(context)
         except Exception:
             error = traceback.format_exc()
             logger.exception("job %s failed", job.pk)
@@ -118,7 +121,16 @@ def run_job(job_id: int) -> Job:
     else:
         status = Job.Status.SUCCEEDED
     if summary is not None:
-        summary.update(id=job.pk, status=status, stopped_by=context.stop_reason or None, events=recorder.last_seq)
+        # The parameters are echoed first; what the program reports of the same name wins.
+        summary = {
+            "id": job.pk,
+            "scenario": job.scenario,
+            **job.params,
+            **summary,
+            "status": status,
+            "stopped_by": context.stop_reason or None,
+            "events": recorder.last_seq,
+        }
     job.move(
         Job.Status.RUNNING,
         status,
@@ -128,5 +140,6 @@ def run_job(job_id: int) -> Job:
         invariant_ok=None if summary is None else summary["invariant_ok"],
         error=error,
     )
-    publish_status(job, recorder.last_seq)
+    for observer in observers:
+        observer.ended(job)
     return job

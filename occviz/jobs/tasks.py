@@ -8,9 +8,8 @@ from django.db import transaction
 from django.tasks import task
 
 from occviz.jobs.models import Job
+from occviz.jobs.registry import program
 from occviz.jobs.runner import run_job
-from occviz.scenarios import SCENARIOS
-from occviz.scenarios.base import clean_params
 
 
 @task
@@ -20,7 +19,7 @@ def run_job_task(job_id: int) -> str:
 
 def create_job(scenario: str, data: dict[str, Any], user: Any = None) -> Job:
     """A queued job with validated parameters (ParamsError on bad input, and no job made)."""
-    params = clean_params(SCENARIOS[scenario].form_class, data)
+    params = program(scenario).clean(data)
     return Job.objects.create(scenario=scenario, strategy=params.get("strategy", ""), params=params, created_by=user)
 
 

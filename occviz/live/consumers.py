@@ -1,10 +1,11 @@
-"""The two websockets of a job: the JSON event stream for programs, the htmx fragments for the job page.
+"""The websocket of a job: its JSON event stream, for programs and for the job page alike.
 
-Both check the session's user (AuthMiddlewareStack) and, in asgi.py, the origin;
-both follow the job through this process's JobFeed and read the store only for
-history the feed does not hold. Neither computes anything about the job: totals,
-rows and verdicts come in the frames and the job row; these classes only send or
-render them. The protocol is documented in docs/live-protocol.md.
+It checks the session's user (AuthMiddlewareStack) and, in asgi.py, the origin; it
+follows the job through this process's JobFeed and reads the store only for history
+the feed does not hold. With `html=1` (the job page) each frame also carries the
+page's fragments, rendered once per frame by the feed for every such viewer. Nothing
+here computes anything about the job: totals, state and verdicts come in the frames and
+the job row. The protocol is documented in docs/live-protocol.md.
 """
 
 from __future__ import annotations
@@ -12,18 +13,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
-from django.template.loader import render_to_string
 
+from occviz.live import fragments
 from occviz.live.feeds import JobFeed, JobState, aread_job_state, subscribe, unsubscribe
-from occviz.live.frames import StoreReader, Totals, WireFrame, merge_runs, wire_text
-from occviz.live.logtext import log_lines
+from occviz.live.frames import StoreReader, WireFrame, merge_runs, wire_text
 
 # Close codes (4000-4999 are the application's own; see docs/live-protocol.md).
 CLOSE_NOT_SIGNED_IN = 4401
@@ -34,11 +33,12 @@ CLOSE_BAD_REQUEST = 4400
 MAX_CLIENT_MESSAGE = 1000  # characters: anything longer is not a message this protocol knows
 
 
-class _JobSocket(AsyncJsonWebsocketConsumer):
-    """Shared by both sockets: who may connect, which job, and following it frame by frame."""
+class JobEventsConsumer(AsyncJsonWebsocketConsumer):
+    """`/ws/jobs/<id>/events/?after=<seq>[&html=1]`: hello, frames from the store, end."""
 
     state: JobState
     feed: JobFeed | None = None
+    html = False
 
     async def connect(self) -> None:
         # Accept before refusing, so the client gets a close code and reason instead of a bare HTTP 403.
@@ -55,17 +55,15 @@ class _JobSocket(AsyncJsonWebsocketConsumer):
         self.state = state
         await self.start()
 
-    async def start(self) -> None:
-        raise NotImplementedError
-
     async def refuse(self, code: int, reason: str) -> None:
+        await self.send_json({"type": "error", "code": code, "error": reason})
         await self.close(code=code, reason=reason)
 
     async def disconnect(self, code: int) -> None:
         await self.stop_following()
         if self.feed is not None:
             feed, self.feed = self.feed, None
-            await unsubscribe(feed)
+            await unsubscribe(feed, html=self.html)
 
     async def follow(self, after: int) -> AsyncIterator[list[WireFrame]]:
         """Every frame after `after`, in order, each sequence number once, in batches; ends when the job has.
@@ -75,7 +73,7 @@ class _JobSocket(AsyncJsonWebsocketConsumer):
         one step rather than frame by frame.
         """
         if not self.state.finished and self.feed is None:
-            self.feed = await subscribe(self.state)
+            self.feed = await subscribe(self.state, html=self.html)
         position = after
         reader: StoreReader | None = None
 
@@ -129,17 +127,6 @@ class _JobSocket(AsyncJsonWebsocketConsumer):
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
-    async def _stream(self, after: int) -> None:
-        raise NotImplementedError
-
-
-class JobEventsConsumer(_JobSocket):
-    """`/ws/jobs/<id>/events/?after=<seq>`: hello, frames from the store, end."""
-
-    async def refuse(self, code: int, reason: str) -> None:
-        await self.send_json({"type": "error", "code": code, "error": reason})
-        await self.close(code=code, reason=reason)
-
     async def start(self) -> None:
         query = parse_qs(self.scope.get("query_string", b"").decode("latin-1"))
         raw_after = query.get("after", ["0"])[-1]
@@ -147,6 +134,11 @@ class JobEventsConsumer(_JobSocket):
         if after is None:
             await self.refuse(CLOSE_BAD_REQUEST, f"after={raw_after!r} is not a sequence number (a whole number >= 0)")
             return
+        raw_html = query.get("html", ["0"])[-1]
+        if raw_html not in ("0", "1"):
+            await self.refuse(CLOSE_BAD_REQUEST, f"html={raw_html!r}: give 1 (send the page's fragments) or 0")
+            return
+        self.html = raw_html == "1"
         await self.send_json(self.state.hello(after))
         self.start_following(after)
 
@@ -155,9 +147,17 @@ class JobEventsConsumer(_JobSocket):
         async for frames in self.follow(after):
             # consecutive frames go as one message, up to MAX_EVENTS_PER_FRAME events
             for run in merge_runs(frames):
-                await self.send(text_data=self.feed.encoded(run) if self.feed else wire_text(job_id, run))
-        await self.send_json(self.state.end())
+                feed = self.feed
+                await self.send(text_data=feed.encoded(run, html=self.html) if feed else wire_text(job_id, run))
+        end = self.state.end()
+        if self.html:
+            end["html"] = await database_sync_to_async(self.final_fragments)()
+        await self.send_json(end)
         await self.close(code=1000)
+
+    def final_fragments(self) -> str:
+        """The page's fragments once the job has ended: its verdict, final figures and state, last events."""
+        return fragments.first_render(self.state, oob=True)
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs: Any) -> None:
         # Validated here, at the edge: a bad message gets an error back and changes nothing.
@@ -197,55 +197,3 @@ def _sequence_number(value: Any) -> int | None:
     if isinstance(value, int) and 0 <= value < 2**63:
         return value
     return None
-
-
-class JobLiveConsumer(_JobSocket):
-    """`/ws/jobs/<id>/live/`: server-rendered fragments swapped in by htmx (`hx-swap-oob`)."""
-
-    LOG_LINES = 20
-    template = "live/job_live.html"
-
-    async def start(self) -> None:
-        self.lines: deque[tuple[int, str, str]] = deque(maxlen=self.LOG_LINES)
-        self.totals: Totals | None = None
-        self.rows: list[Any] = []
-        # The page shows the latest state: the last few events are enough to fill the log.
-        self.start_following(max(0, self.state.last_seq - self.LOG_LINES))
-
-    async def _stream(self, after: int) -> None:
-        await self.send(text_data=self.render("status"))
-        async for frames in self.follow(after):
-            for frame in frames[-self.LOG_LINES :]:
-                self.lines.extend(log_lines(frame.frame["events"][-self.LOG_LINES :]))
-            self.totals = frames[-1].frame["totals"]
-            self.rows = frames[-1].frame["rows"]
-            partials = ["counters", "rows", "log"]
-            if self.feed is not None and self.feed.state.status != self.state.status:  # queued -> running
-                self.state = self.feed.state
-                partials.append("status")
-            await self.send(text_data=self.render(*partials))
-        await self.send(text_data=self.render("status", "counters", "rows", "log"))
-        await self.close(code=1000)
-
-    def render(self, *partials: str) -> str:
-        context = {
-            "job": {
-                "id": self.state.info.id,
-                "scenario": self.state.info.scenario,
-                "strategy": self.state.info.strategy,
-                "status": self.state.status,
-                "finished": self.state.finished,
-                "summary": self.state.summary,
-                "invariant_ok": self.state.invariant_ok,
-            },
-            "totals": self.totals,
-            "rows": self.rows,
-            "lines": list(reversed(self.lines)),
-            "oob": True,
-        }
-        return "".join(render_to_string(f"{self.template}#{name}", context) for name in partials)
-
-    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs: Any) -> None:
-        # The htmx extension sends form values when a form inside the socket's element is submitted;
-        # this socket only pushes, so anything received is ignored.
-        return

@@ -32,8 +32,10 @@ from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 
 from occviz.jobs.models import Job
-from occviz.live.frames import EVENT_FIELDS, JobInfo, RowState, StoreReader, WireFrame, wire_text
+from occviz.live import fragments
+from occviz.live.frames import EVENT_FIELDS, JobInfo, StoreReader, WireFrame, wire_text
 from occviz.live.publish import group_name
+from occviz.scenarios.base import State
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +72,21 @@ class JobState:
                 "params": self.info.params,
                 "last_seq": self.last_seq,
             },
+            # how to draw and word this job's events: kinds, figures, actors, state keys
+            "scenario": self.info.spec.vocabulary(self.info.params),
             "after": after,
+        }
+
+    def as_context(self) -> dict[str, Any]:
+        """The job as the live fragments' templates read it."""
+        return {
+            "id": self.info.id,
+            "scenario": self.info.scenario,
+            "strategy": self.info.strategy,
+            "status": self.status,
+            "finished": self.finished,
+            "summary": self.summary,
+            "invariant_ok": self.invariant_ok,
         }
 
     def end(self) -> dict[str, Any]:
@@ -83,8 +99,10 @@ def read_job_state(job_id: int) -> JobState | None:
         .only("scenario", "strategy", "params", "status", "last_seq", "summary", "invariant_ok")
         .first()
     )
-    if job is None:
-        return None
+    return None if job is None else job_state(job)
+
+
+def job_state(job: Job) -> JobState:
     return JobState(
         info=JobInfo(id=job.pk, scenario=job.scenario, strategy=job.strategy, params=dict(job.params)),
         status=job.status,
@@ -108,13 +126,16 @@ class JobFeed:
         self.known_seq = state.last_seq
         self.changed = asyncio.Event()
         self._reader = StoreReader(state.info, state.last_seq)
-        self._rows: tuple[list[RowState], int | None] | None = None
+        self._state: State | None = None
+        self.log = fragments.LiveLog(state.info.spec)
         self._advancing = asyncio.Lock()
         self._heard = asyncio.Event()
         self._channel = ""
         self._tasks: list[asyncio.Task[None]] = []
-        self._texts: dict[tuple[int, int], str] = {}
+        self._texts: dict[tuple[int, int, bool], str] = {}
         self.viewers = 0
+        self.html_viewers = 0
+        """Viewers that want the page's fragments with each frame: rendered here, once, for all of them."""
 
     # -- what viewers read --------------------------------------------------------
 
@@ -134,12 +155,12 @@ class JobFeed:
             found.append(frame.after(position) if not found else frame)
         return found
 
-    def encoded(self, parts: list[WireFrame]) -> str:
+    def encoded(self, parts: list[WireFrame], *, html: bool = False) -> str:
         """One message for consecutive frames, built once for all the viewers that are sent the same range."""
-        key = (parts[0].seq_from, parts[-1].seq_to)
+        key = (parts[0].seq_from, parts[-1].seq_to, html)
         text = self._texts.get(key)
         if text is None:
-            text = wire_text(self.job_id, parts)
+            text = wire_text(self.job_id, parts, html=html)
             if len(self._texts) >= 2 * len(self.frames) + 16:
                 self._texts.clear()  # a cache of the window's ranges only: viewers are rarely far apart
             self._texts[key] = text
@@ -199,7 +220,7 @@ class JobFeed:
     async def handle(self, message: dict[str, Any]) -> None:
         if message.get("type") == "job.progress":
             self.known_seq = max(self.known_seq, int(message["seq_to"]))
-            self._rows = (message["rows"], message["totals"].get("lost_updates"))
+            self._state = State(message.get("state") or {}, message.get("state_figures") or {})
             await self._advance()
         elif message.get("type") == "job.status":
             state = await aread_job_state(self.job_id)
@@ -218,7 +239,7 @@ class JobFeed:
                 state = await aread_job_state(self.job_id)
                 if state is not None and (state.status != self.state.status or state.last_seq > self.known_seq):
                     self._set_state(state)
-                    self._rows = None  # the rows in hand are from the last message: read them afresh
+                    self._state = None  # the state in hand is from the last message: read it afresh
                     await self._advance()
             except asyncio.CancelledError:
                 raise
@@ -237,7 +258,7 @@ class JobFeed:
         async with self._advancing:
             while self._reader.position < self.known_seq:
                 # read and encoded in the database thread, once for every viewer in this process
-                frame = await database_sync_to_async(self._read_encoded)(self.known_seq, self._rows)
+                frame = await database_sync_to_async(self._read_encoded)(self.known_seq, self._state)
                 if frame is None:
                     break
                 self.frames.append(frame)
@@ -250,9 +271,15 @@ class JobFeed:
             if self.ended:
                 self._notify()
 
-    def _read_encoded(self, upto: int, rows: tuple[list[RowState], int | None] | None) -> WireFrame | None:
-        frame = self._reader.next_frame(upto, rows)
-        return None if frame is None else WireFrame.encoded(frame)
+    def _read_encoded(self, upto: int, state: State | None) -> WireFrame | None:
+        frame = self._reader.next_frame(upto, state)
+        if frame is None:
+            return None
+        wire = WireFrame.encoded(frame)
+        if self.html_viewers:
+            self.log.add(frame["events"])
+            wire.html = fragments.frame_html(self.state, frame, self.log)
+        return wire
 
     def _notify(self) -> None:
         # Viewers hold the event they waited on; a fresh one is armed for the next change.
@@ -264,7 +291,7 @@ _feeds: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[int, JobFeed]]
 _starting: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = weakref.WeakKeyDictionary()
 
 
-async def subscribe(state: JobState) -> JobFeed:
+async def subscribe(state: JobState, *, html: bool = False) -> JobFeed:
     """The feed of this job in this process (started on first use); pair with `unsubscribe`."""
     loop = asyncio.get_running_loop()
     feeds = _feeds.setdefault(loop, {})
@@ -280,13 +307,15 @@ async def subscribe(state: JobState) -> JobFeed:
                 await feed.stop()
                 raise
         feed.viewers += 1
+        feed.html_viewers += html
     return feed
 
 
-async def unsubscribe(feed: JobFeed) -> None:
+async def unsubscribe(feed: JobFeed, *, html: bool = False) -> None:
     loop = asyncio.get_running_loop()
     feeds = _feeds.get(loop, {})
     feed.viewers -= 1
+    feed.html_viewers -= html
     if feed.viewers <= 0 and feeds.get(feed.job_id) is feed:
         del feeds[feed.job_id]
         await feed.stop()

@@ -1,7 +1,8 @@
 """Frames: what a viewer of a job receives, built only from what PostgreSQL has stored.
 
 A frame covers the events `seq_from..seq_to` of one job, with the job's running
-totals as of `seq_to` and the contended rows as they were when the frame was built.
+totals as of `seq_to` (its scenario's figures) and its scenario's live state (the
+contended objects) as it was when the frame was built.
 The publisher (in the worker) and every reader (in the web processes) count the
 totals with the same `RunningTotals`, so a frame read back from the store after a
 reconnect carries the same figures as the live one did.
@@ -23,47 +24,22 @@ from typing import Any, TypedDict
 from django.db import connection
 
 from occviz.jobs.recorder import EVENT_COLUMNS, Columns
-from occviz.scenarios.counter import tally_rows
+from occviz.scenarios import SCENARIOS
+from occviz.scenarios.base import Figure, Scenario, State
 
 # A frame never carries more events than this; a longer range becomes several frames.
 MAX_EVENTS_PER_FRAME = 2000
-# The contended rows shown in a frame (the sums behind lost_updates still cover all rows).
-MAX_ROWS_SHOWN = 64
 
 EVENT_FIELDS = ("seq", *EVENT_COLUMNS)
-_FAILURE_KINDS = ("conflict", "serialization_failure", "deadlock", "lock_timeout")
+
+# A job's figures so far: "events", "elapsed_ms" and one entry per figure its scenario declares.
+Totals = dict[str, Any]
 
 
 class Percentiles(TypedDict):
     p50: float | None
     p95: float | None
     p99: float | None
-
-
-class Totals(TypedDict):
-    events: int
-    attempts: int
-    committed: int
-    conflicts: int
-    retries: int
-    gave_up: int
-    lock_waits: int
-    lock_wait_ms: float
-    serialization_failures: int
-    deadlocks: int
-    lock_timeouts: int
-    errors: int
-    elapsed_ms: float
-    commits_per_s: float
-    latency_ms: Percentiles
-    lost_updates: int | None
-
-
-class RowState(TypedDict):
-    id: int
-    name: str
-    value: int
-    version: int
 
 
 class Frame(TypedDict):
@@ -73,7 +49,11 @@ class Frame(TypedDict):
     seq_to: int
     events: list[dict[str, Any]]
     totals: Totals
-    rows: list[RowState]
+    state: dict[str, Any]
+    """The scenario's live state (the counter's `rows`, ...): sent as keys of the frame itself."""
+
+
+_BARE = Scenario()
 
 
 @dataclass(frozen=True)
@@ -84,6 +64,14 @@ class JobInfo:
     scenario: str
     strategy: str
     params: dict[str, Any]
+
+    @property
+    def spec(self) -> Scenario:
+        """The job's scenario; a bare one (no figures, no state) if it is not installed here."""
+        return SCENARIOS.get(self.scenario, _BARE)
+
+    def read_state(self) -> State:
+        return self.spec.read_state(self.id, self.params)
 
 
 class LatencyHistogram:
@@ -135,18 +123,23 @@ class LatencyHistogram:
 
 
 class RunningTotals:
-    """A job's figures so far, counted event by event: O(events) per batch, O(1) memory."""
+    """A job's figures so far, counted event by event from its scenario's `Figure`s: O(events) per batch."""
 
-    def __init__(self) -> None:
+    def __init__(self, figures: Sequence[Figure]) -> None:
+        self.figures = tuple(figures)
         self.by_kind: Tally[str] = Tally()
-        self.lock_wait_ms = 0.0
         self.elapsed_ms = 0.0
-        self.latency = LatencyHistogram()
+        self.total_ms = {figure.key: 0.0 for figure in self.figures if figure.total_ms}
+        self.latency = {figure.key: LatencyHistogram() for figure in self.figures if figure.percentiles}
+        self._total_kinds = {figure.key: frozenset(figure.total_ms) for figure in self.figures if figure.total_ms}
+        self._latency_kinds = {
+            figure.key: frozenset(figure.percentiles) for figure in self.figures if figure.percentiles
+        }
 
     @classmethod
-    def from_store(cls, job_id: int, upto: int) -> RunningTotals:
-        """The totals of the job's stored events up to `upto`, in two aggregate queries."""
-        totals = cls()
+    def from_store(cls, job_id: int, upto: int, figures: Sequence[Figure]) -> RunningTotals:
+        """The totals of the job's stored events up to `upto`, in one aggregate query and one per percentile."""
+        totals = cls(figures)
         if upto <= 0:
             return totals
         with connection.cursor() as cursor:
@@ -157,16 +150,18 @@ class RunningTotals:
             )
             for kind, count, duration_ms, last_ms in cursor.fetchall():
                 totals.by_kind[kind] = count
-                if kind == "lock_wait":
-                    totals.lock_wait_ms = float(duration_ms)
+                for key, kinds in totals._total_kinds.items():
+                    if kind in kinds:
+                        totals.total_ms[key] += float(duration_ms)
                 totals.elapsed_ms = max(totals.elapsed_ms, float(last_ms or 0.0))
-            cursor.execute(
-                f"SELECT {LatencyHistogram.bucket_sql('latency_ms')}, count(*) FROM jobs_event "
-                "WHERE job_id = %s AND seq <= %s AND kind = 'committed' AND latency_ms IS NOT NULL GROUP BY 1",
-                [job_id, upto],
-            )
-            for bucket, count in cursor.fetchall():
-                totals.latency.add_bucket(bucket, count)
+            for key, kinds in totals._latency_kinds.items():
+                cursor.execute(
+                    f"SELECT {LatencyHistogram.bucket_sql('latency_ms')}, count(*) FROM jobs_event "
+                    "WHERE job_id = %s AND seq <= %s AND kind = ANY(%s) AND latency_ms IS NOT NULL GROUP BY 1",
+                    [job_id, upto, sorted(kinds)],
+                )
+                for bucket, count in cursor.fetchall():
+                    totals.latency[key].add_bucket(bucket, count)
         return totals
 
     def add(self, events: Iterable[dict[str, Any]]) -> None:
@@ -176,48 +171,50 @@ class RunningTotals:
         """Count a stored recorder batch, column by column: the flusher's hot path."""
         kinds = columns["kind"]
         self.by_kind.update(kinds)
-        if self.by_kind["lock_wait"]:
-            self.lock_wait_ms += (
-                sum(us for kind, us in zip(kinds, columns["duration_us"], strict=True) if kind == "lock_wait" and us)
-                / 1000.0
-            )
-        for kind, us in zip(kinds, columns["latency_us"], strict=True):
-            if kind == "committed" and us is not None:
-                self.latency.add(us / 1000.0)
+        for key, wanted in self._total_kinds.items():
+            if not wanted.isdisjoint(kinds):
+                self.total_ms[key] += (
+                    sum(us for kind, us in zip(kinds, columns["duration_us"], strict=True) if kind in wanted and us)
+                    / 1000.0
+                )
+        for key, wanted in self._latency_kinds.items():
+            histogram = self.latency[key]
+            for kind, us in zip(kinds, columns["latency_us"], strict=True):
+                if kind in wanted and us is not None:
+                    histogram.add(us / 1000.0)
         self.elapsed_ms = max(self.elapsed_ms, max(columns["t_us"]) / 1000.0)
 
     def add_steps(self, steps: Iterable[tuple[str, float | None, float | None, float]]) -> None:
         for kind, duration_ms, latency_ms, t_ms in steps:
             self.by_kind[kind] += 1
-            if kind == "lock_wait" and duration_ms is not None:
-                self.lock_wait_ms += duration_ms
-            elif kind == "committed" and latency_ms is not None:
-                self.latency.add(latency_ms)
+            if duration_ms is not None:
+                for key, wanted in self._total_kinds.items():
+                    if kind in wanted:
+                        self.total_ms[key] += duration_ms
+            if latency_ms is not None:
+                for key, wanted in self._latency_kinds.items():
+                    if kind in wanted:
+                        self.latency[key].add(latency_ms)
             if t_ms > self.elapsed_ms:
                 self.elapsed_ms = t_ms
 
-    def snapshot(self, lost_updates: int | None) -> Totals:
+    def snapshot(self, state_figures: dict[str, Any]) -> Totals:
         count = self.by_kind
-        committed = count["committed"]
-        return {
-            "events": sum(count.values()),
-            "attempts": committed + sum(count[kind] for kind in _FAILURE_KINDS),
-            "committed": committed,
-            "conflicts": count["conflict"],
-            "retries": count["retry"],
-            "gave_up": count["gave_up"],
-            "lock_waits": count["lock_wait"],
-            "lock_wait_ms": round(self.lock_wait_ms, 3),
-            "serialization_failures": count["serialization_failure"],
-            "deadlocks": count["deadlock"],
-            "lock_timeouts": count["lock_timeout"],
-            "errors": count["error"],
-            "elapsed_ms": round(self.elapsed_ms, 3),
-            # over the job's own clock (the last event's time), so a replayed frame says what the live one said
-            "commits_per_s": round(committed * 1000.0 / self.elapsed_ms, 1) if self.elapsed_ms > 0 else 0.0,
-            "latency_ms": self.latency.percentiles(),
-            "lost_updates": lost_updates,
-        }
+        totals: Totals = {"events": sum(count.values()), "elapsed_ms": round(self.elapsed_ms, 3)}
+        for figure in self.figures:
+            if figure.count:
+                totals[figure.key] = sum(count[kind] for kind in figure.count)
+            elif figure.per_second:
+                # over the job's own clock (the last event's time), so a replayed frame says what the live one said
+                n = sum(count[kind] for kind in figure.per_second)
+                totals[figure.key] = round(n * 1000.0 / self.elapsed_ms, 1) if self.elapsed_ms > 0 else 0.0
+            elif figure.total_ms:
+                totals[figure.key] = round(self.total_ms[figure.key], 3)
+            elif figure.percentiles:
+                totals[figure.key] = self.latency[figure.key].percentiles()
+            elif figure.from_state:
+                totals[figure.key] = state_figures.get(figure.key)
+        return totals
 
 
 def event_from_row(row: Sequence[Any]) -> dict[str, Any]:
@@ -251,24 +248,7 @@ def read_events(job_id: int, after: int, limit: int) -> list[dict[str, Any]]:
         return [event_from_row(row) for row in cursor.fetchall()]
 
 
-def read_rows(job: JobInfo) -> tuple[list[RowState], int | None]:
-    """The job's contended rows now (the first MAX_ROWS_SHOWN) and the updates lost so far (None if unknown).
-
-    The counter race tallies its own rows (`tally_rows`): the live layer only shows them.
-    """
-    if job.scenario != "counter":
-        return [], None
-    tally = tally_rows(job.id, int(job.params.get("initial_value") or 0))
-    if not tally.rows:
-        return [], None
-    rows: list[RowState] = [
-        {"id": pk, "name": name, "value": value, "version": version}
-        for pk, name, value, version in tally.rows[:MAX_ROWS_SHOWN]
-    ]
-    return rows, tally.lost_updates
-
-
-def make_frame(job_id: int, events: list[dict[str, Any]], totals: Totals, rows: list[RowState]) -> Frame:
+def make_frame(job_id: int, events: list[dict[str, Any]], totals: Totals, state: dict[str, Any]) -> Frame:
     return {
         "type": "frame",
         "job": job_id,
@@ -276,7 +256,7 @@ def make_frame(job_id: int, events: list[dict[str, Any]], totals: Totals, rows: 
         "seq_to": events[-1]["seq"],
         "events": events,
         "totals": totals,
-        "rows": rows,
+        "state": state,
     }
 
 
@@ -284,19 +264,21 @@ class WireFrame:
     """A frame with its JSON encoded once, in two parts, so consecutive frames merge by joining text.
 
     `events_json` is the frame's events as arrays (EVENT_FIELDS order), comma-separated,
-    without the enclosing brackets; `tail_json` is `,"totals":{...},"rows":[...]}`. A
-    merged frame takes the events of all its parts and the tail (totals and rows as of
+    without the enclosing brackets; `tail_json` is `,"totals":{...},<state>}` (the counter's
+    state is `"rows":[...]`). A merged frame takes the events of all its parts and the tail (totals and state as of
     its `seq_to`) of the last one, which is exactly what one frame over the whole range says.
     Both are encoded on first use (the fragment socket never needs them); a feed
     encodes its frames as it reads them, in the database thread.
     """
 
-    __slots__ = ("_events_json", "_tail_json", "frame")
+    __slots__ = ("_events_json", "_tail_json", "frame", "html")
 
     def __init__(self, frame: Frame) -> None:
         self.frame = frame
         self._events_json: str | None = None
         self._tail_json: str | None = None
+        self.html: str | None = None
+        """The page's fragments as of this frame, when someone in this process watches with `html=1`."""
 
     @classmethod
     def encoded(cls, frame: Frame) -> WireFrame:
@@ -314,8 +296,9 @@ class WireFrame:
     @property
     def tail_json(self) -> str:
         if self._tail_json is None:
-            text = json.dumps({"totals": self.frame["totals"], "rows": self.frame["rows"]}, separators=(",", ":"))
-            self._tail_json = "," + text[1:]
+            tail = {"totals": self.frame["totals"], **self.frame["state"]}
+            text = json.dumps(tail, separators=(",", ":"))
+            self._tail_json = "," + text[1:-1]  # without the closing brace: wire_text may add the fragments
         return self._tail_json
 
     @property
@@ -335,14 +318,21 @@ class WireFrame:
         if position < self.seq_from:
             return self
         events = [event for event in self.frame["events"] if event["seq"] > position]
-        return WireFrame({**self.frame, "seq_from": events[0]["seq"], "events": events})
+        part = WireFrame({**self.frame, "seq_from": events[0]["seq"], "events": events})
+        part.html = self.html
+        return part
 
 
-def wire_text(job_id: int, parts: Sequence[WireFrame]) -> str:
-    """One `frame` message covering consecutive `parts` (seq_from of the first to seq_to of the last)."""
+def wire_text(job_id: int, parts: Sequence[WireFrame], *, html: bool = False) -> str:
+    """One `frame` message covering consecutive `parts` (seq_from of the first to seq_to of the last).
+
+    With `html`, the page's fragments as of the last part go with it (when it has them).
+    """
+    fragments = parts[-1].html if html else None
     return (
         f'{{"type":"frame","job":{job_id},"seq_from":{parts[0].seq_from},"seq_to":{parts[-1].seq_to},'
         f'"events":[{",".join(part.events_json for part in parts)}]{parts[-1].tail_json}'
+        + ("}" if fragments is None else f',"html":{json.dumps(fragments)}}}')
     )
 
 
@@ -367,38 +357,36 @@ class StoreReader:
     must catch up on history the feed does not hold.
     """
 
-    # Catching up reads many frames in a burst: the rows are read at most this often.
-    ROWS_MAX_AGE_S = 0.1
+    # Catching up reads many frames in a burst: the live state is read at most this often.
+    STATE_MAX_AGE_S = 0.1
 
     def __init__(self, job: JobInfo, after: int) -> None:
         self.job = job
         self.position = after
         self._totals: RunningTotals | None = None
-        self._rows: tuple[list[RowState], int | None] = ([], None)
-        self._rows_read_at = -math.inf
+        self._state = State()
+        self._state_read_at = -math.inf
 
-    def next_frame(
-        self, upto: int, rows: tuple[list[RowState], int | None] | None = None, *, limit: int = MAX_EVENTS_PER_FRAME
-    ) -> Frame | None:
+    def next_frame(self, upto: int, state: State | None = None, *, limit: int = MAX_EVENTS_PER_FRAME) -> Frame | None:
         """The next frame after `position` reaching at most `upto`, or None if there is nothing new."""
         if upto <= self.position:
             return None
         if self._totals is None:
-            self._totals = RunningTotals.from_store(self.job.id, self.position)
+            self._totals = RunningTotals.from_store(self.job.id, self.position, self.job.spec.figures)
         events = read_events(self.job.id, self.position, min(limit, upto - self.position))
         if not events:
             return None
         self._totals.add(events)
-        if rows is None:
-            rows = self.rows()
+        if state is None:
+            state = self.state()
         self.position = events[-1]["seq"]
-        return make_frame(self.job.id, events, self._totals.snapshot(rows[1]), rows[0])
+        return make_frame(self.job.id, events, self._totals.snapshot(state.figures), state.data)
 
-    def rows(self) -> tuple[list[RowState], int | None]:
-        if time.monotonic() - self._rows_read_at > self.ROWS_MAX_AGE_S:
-            self._rows = read_rows(self.job)
-            self._rows_read_at = time.monotonic()
-        return self._rows
+    def state(self) -> State:
+        if time.monotonic() - self._state_read_at > self.STATE_MAX_AGE_S:
+            self._state = self.job.read_state()
+            self._state_read_at = time.monotonic()
+        return self._state
 
     def seek(self, position: int) -> None:
         """Move to another position (a client's resume): the totals are recounted from the store."""

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from django.urls import path
 
-from occviz.live.consumers import JobEventsConsumer, JobLiveConsumer
+from occviz.live.consumers import JobEventsConsumer
 
 websocket_urlpatterns = [
     path("ws/jobs/<int:job_id>/events/", JobEventsConsumer.as_asgi()),
-    path("ws/jobs/<int:job_id>/live/", JobLiveConsumer.as_asgi()),
 ]

@@ -1,48 +1,260 @@
-"""What a scenario provides to the job runner, and the validation its three edges share.
+"""What a scenario declares, so that the rest of the app can show it without knowing it.
 
-Parameters arrive from a launch form, the HTTP API or `runjob`'s flags; all three
-go through the scenario's Django form, so the same input gets the same error
-everywhere and a job is only ever created from cleaned parameters.
+A scenario is one module (plus its template partials and at most one script) that
+defines a `Scenario` subclass and an instance named `scenario`. From that declaration
+alone the launch form, `runjob`'s flags, the live page, replay, compare, exports and
+the JSON stream's `hello` are built:
+
+- its parameters form: the only place each parameter's default, limits and help live;
+- its presets, its actors' names, and its live state (the contended objects now);
+- the event kinds it records, each with its sentence and its mark on the timeline
+  (`EventKind`: the one vocabulary, sent to browsers rather than copied into scripts);
+- the figures counted from its events (`Figure`), live, in replay and in compare;
+- `run()`, which runs its actors and returns its summary with the invariant's verdict.
+
+Parameters arrive from a launch form, the HTTP API or `runjob`'s flags; all go through
+the scenario's form, so the same input gets the same error everywhere.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from django import forms
 from django.conf import settings
 
+from occviz.jobs.registry import ParamsError
+
 if TYPE_CHECKING:
-    from occviz.jobs.models import Job
     from occviz.jobs.runner import JobContext
 
+__all__ = ["ERROR", "EventKind", "Figure", "ParamsError", "Preset", "Scenario", "State", "check_limit", "limit"]
 
-class ParamsError(Exception):
-    """Invalid job parameters: `errors` maps each field to its messages."""
+# Marks the timeline knows how to draw (static/occviz/viz.js).
+MARKS = ("tick", "dot", "cross", "bar-after", "bar-before", "triangle", "square", "diamond", "star")
 
-    def __init__(self, errors: Mapping[str, list[str]]) -> None:
-        self.errors = dict(errors)
-        super().__init__("; ".join(f"{field}: {' '.join(messages)}" for field, messages in self.errors.items()))
+_PLACEHOLDER = re.compile(r"\{([a-z_][a-z_.0-9]*)(?::(ms|s))?\}")
 
 
-class Scenario(Protocol):
+@dataclass(frozen=True)
+class EventKind:
+    """One kind of event: how it reads and how it is drawn.
+
+    `sentences` are templates over the event's fields: `{version_read}`,
+    `{detail.overwrote}`, `{duration_ms:ms}` (a duration, formatted), and `{who}` (the
+    actor's name). The first template whose placeholders all have a value is used, so a
+    kind can read differently when a detail is present. The same rules run in the
+    browser (viz.js `sentence`).
+    """
+
+    name: str
+    label: str
+    sentences: tuple[str, ...]
+    color: str
+    mark: str = "dot"
+    ring_when: str = ""
+    """A detail key: when the event has it, the mark gets a red ring (a blind write over newer versions)."""
+    ring_label: str = ""
+    explain: str = ""
+    """One more line for the mark's tooltip (what the Kubernetes API would answer, say)."""
+    folds_into: str = ""
+    """In the log, an event of this kind right after one of `folds_into` (same actor and op) ends that line..."""
+    fold: str = ""
+    """...with this text instead of a line of its own ("..., retry 2 in 50 ms")."""
+
+    def __post_init__(self) -> None:
+        if self.mark not in MARKS:
+            raise ValueError(f"event kind {self.name!r}: unknown mark {self.mark!r} (one of {', '.join(MARKS)})")
+
+    def sentence(self, event: Mapping[str, Any], who: str) -> str:
+        for template in self.sentences:
+            text = fill(template, event, who)
+            if text is not None:
+                return text
+        return f"{who}: {self.label}"
+
+
+def _value(event: Mapping[str, Any], path: str, who: str) -> Any:
+    if path == "who":
+        return who
+    if path == "next_attempt":
+        return None if event.get("attempt") is None else int(event["attempt"]) + 1
+    if path.startswith("detail."):
+        return (event.get("detail") or {}).get(path[len("detail.") :])
+    return event.get(path)
+
+
+def format_ms(ms: float) -> str:
+    if ms >= 10_000:
+        return f"{ms / 1000:.1f} s"
+    if ms >= 1000:
+        return f"{ms / 1000:.2f} s"
+    return f"{ms:.0f} ms" if ms >= 10 else f"{ms:.1f} ms"
+
+
+def fill(template: str, event: Mapping[str, Any], who: str) -> str | None:
+    """`template` with the event's values, or None if one of them is missing."""
+    missing = False
+
+    def replace(match: re.Match[str]) -> str:
+        nonlocal missing
+        value = _value(event, match[1], who)
+        if value is None or value == "":
+            missing = True
+            return ""
+        if match[2] == "ms":
+            return format_ms(float(value))
+        if match[2] == "s":
+            return f"{float(value):.1f} s"
+        return str(value)
+
+    text = _PLACEHOLDER.sub(replace, template)
+    return None if missing else text
+
+
+ERROR = EventKind("error", "error", ("{who} failed: {detail.message}",), "#7a1010", "diamond")
+"""Recorded by the runner when an actor fails: every scenario's vocabulary has it."""
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One figure of a job, counted from its events (or reported by its live state).
+
+    Exactly one source: `count` (events of these kinds), `per_second` (those kinds per
+    second of the job's clock), `total_ms` (the sum of `duration_ms` over these kinds),
+    `percentiles` (p50/p95/p99 of `latency_ms` over these kinds) or `from_state`.
+    """
+
+    key: str
+    label: str
+    count: tuple[str, ...] = ()
+    per_second: tuple[str, ...] = ()
+    total_ms: tuple[str, ...] = ()
+    percentiles: tuple[str, ...] = ()
+    from_state: bool = False
+    alarm: bool = False
+    """Shown in red when above zero (lost updates, stale writes that landed)."""
+    shown: bool = True
+    """In the page's figures panel (some exist only for the stream's totals)."""
+
+    def as_json(self) -> dict[str, Any]:
+        return {key: list(value) if isinstance(value, tuple) else value for key, value in asdict(self).items()}
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A named starting point a teacher can click: a valid set of parameters."""
+
+    slug: str
+    title: str
+    teaches: str
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class State:
+    """A job's contended objects as they are now: `data` goes into each frame, `figures` into its totals."""
+
+    data: dict[str, Any] = field(default_factory=dict)
+    figures: dict[str, Any] = field(default_factory=dict)
+
+
+class Scenario:
+    """Subclass, fill in the declarations, and define `run`; see the module docstring."""
+
     name: str
     title: str
-    summary: str
+    description: str
     form_class: type[forms.Form]
+    sections: Mapping[str, Sequence[str]] = {}
+    """The launch form's fields grouped under headings, in order; fields not named go last."""
+    presets: tuple[Preset, ...] = ()
+    kinds: tuple[EventKind, ...] = ()
+    figures: tuple[Figure, ...] = ()
+    rates: tuple[str, ...] = ()
+    """Event kinds charted per second under the timeline."""
+    actor_label = "actor {n}"
+    actors_param = ""
+    """The parameter that says how many actors (lanes) a job has."""
+    state_keys: tuple[str, ...] = ()
+    """The keys `read_state` puts into every frame."""
+    state_template = ""
+    """A template with a `state` partial that draws the live state (the page includes it)."""
+    script = ""
+    """A static script of the scenario's own (marks or a chart of its own), or ''."""
+    compared: tuple[tuple[str, str], ...] = ()
+    """Summary keys shown side by side in compare, with their labels."""
+    list_params: tuple[str, ...] = ()
+    """Parameters given as several words on the command line (`--skew replica-2=30 replica-3=-5`)."""
+    state_title = "Contended objects"
 
-    def run(self, job: Job, params: dict[str, Any], context: JobContext) -> dict[str, Any]:
-        """Run the job's actors and return its summary, with `invariant_ok` and `invariant`."""
-        ...
+    # -- what the runner calls ---------------------------------------------------------
 
+    def clean(self, data: Mapping[str, Any]) -> dict[str, Any]:
+        """Validate `data` with the scenario's form; the cleaned parameters, or ParamsError.
 
-def clean_params(form_class: type[forms.Form], data: Mapping[str, Any]) -> dict[str, Any]:
-    """Validate `data` with the scenario's form; the cleaned parameters, or ParamsError."""
-    form = form_class(data=data)
-    if not form.is_valid():
-        raise ParamsError({field: [str(message) for message in messages] for field, messages in form.errors.items()})
-    return form.cleaned_data
+        A parameter left out takes the form's initial value: the form is its only default.
+        """
+        defaults = {
+            name: field.initial for name, field in self.form_class.base_fields.items() if field.initial is not None
+        }
+        form = self.form_class(data={**defaults, **data})
+        if not form.is_valid():
+            raise ParamsError({name: [str(message) for message in messages] for name, messages in form.errors.items()})
+        return dict(form.cleaned_data)
+
+    def run(self, context: JobContext) -> dict[str, Any]:
+        raise NotImplementedError
+
+    # -- what the live stream and the pages read ---------------------------------------
+
+    def read_state(self, job_id: int, params: Mapping[str, Any]) -> State:
+        return State()
+
+    def actor_names(self, params: Mapping[str, Any]) -> list[str]:
+        count = int(params.get(self.actors_param) or 1) if self.actors_param else 1
+        return [self.actor_name(n) for n in range(1, count + 1)]
+
+    def actor_name(self, number: int) -> str:
+        return self.actor_label.format(n=number)
+
+    def setup(self, params: Mapping[str, Any]) -> str:
+        """One line saying what a job with these parameters does (headers, job lists)."""
+        return ", ".join(f"{key} {value}" for key, value in params.items() if value not in (None, ""))
+
+    def kind(self, name: str) -> EventKind | None:
+        return self._kinds.get(name)
+
+    @property
+    def _kinds(self) -> dict[str, EventKind]:
+        return {kind.name: kind for kind in self.kinds}
+
+    def describe(self, event: Mapping[str, Any]) -> str:
+        """One event as a sentence a class can read aloud."""
+        who = self.actor_name(int(event["actor"]))
+        kind = self.kind(event["kind"])
+        if kind is None:
+            return f"{who}: {event['kind']}"
+        return kind.sentence(event, who)
+
+    def vocabulary(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """What a client needs to draw and word this scenario's jobs: sent in the stream's hello."""
+        return {
+            "name": self.name,
+            "title": self.title,
+            "kinds": [asdict(kind) | {"sentences": list(kind.sentences)} for kind in self.kinds],
+            "figures": [figure.as_json() for figure in self.figures],
+            "rates": list(self.rates),
+            "actors": self.actor_names(params),
+            "actor_label": self.actor_label,
+            "state_keys": list(self.state_keys),
+        }
+
+    def shown_figures(self) -> list[Figure]:
+        return [figure for figure in self.figures if figure.shown]
 
 
 def limit(setting: str) -> int:
@@ -50,6 +262,6 @@ def limit(setting: str) -> int:
     return int(getattr(settings, setting))
 
 
-def check_limit(form: forms.Form, field: str, value: float | None, setting: str, unit: str) -> None:
+def check_limit(form: forms.Form, name: str, value: float | None, setting: str, unit: str) -> None:
     if value is not None and value > limit(setting):
-        form.add_error(field, f"At most {limit(setting)} {unit} (the {setting} limit).")
+        form.add_error(name, f"At most {limit(setting)} {unit} (the {setting} limit).")

@@ -19,18 +19,14 @@ from django.db import connection
 
 from occviz.concurrency.retry import PRESETS, make_policy
 from occviz.concurrency.strategies import PROTECTED, STRATEGIES, Writer, connected
-from occviz.scenarios.base import check_limit
+from occviz.scenarios.base import ERROR, EventKind, Figure, Preset, Scenario, State, check_limit
 from occviz.store.models import Counter
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Mapping
 
     from occviz.jobs.models import Job
     from occviz.jobs.runner import Actor, JobContext
-
-name = "counter"
-title = "Counter race"
-summary = "N writers increment the same rows at once: watch conflicts, retries, lock waits and lost updates."
 
 DEFAULT_INCREMENTS = 100
 
@@ -86,9 +82,6 @@ class CounterForm(forms.Form):
         return data
 
 
-form_class = CounterForm
-
-
 def _make_rows(job: Job, params: dict[str, Any]) -> list[int]:
     namespace = f"job-{job.pk}"
     counters = Counter.objects.bulk_create(
@@ -98,7 +91,8 @@ def _make_rows(job: Job, params: dict[str, Any]) -> list[int]:
     return [counter.pk for counter in counters]
 
 
-def run(job: Job, params: dict[str, Any], context: JobContext) -> dict[str, Any]:
+def run(context: JobContext) -> dict[str, Any]:
+    job, params = context.job, context.params
     rows = _make_rows(job, params)
     policy = make_policy(
         params["retry"],
@@ -222,7 +216,6 @@ def summarize(job: Job, params: dict[str, Any], rows: list[int], elapsed_s: floa
             else f"the job counted {committed} writes but the rows' versions show {versions_written}"
         )
     return {
-        "scenario": name,
         "strategy": strategy,
         "retry": params["retry"] if strategy in {"occ", "pessimistic", "serializable"} else None,
         "max_attempts": params["max_attempts"],
@@ -252,3 +245,200 @@ def summarize(job: Job, params: dict[str, Any], rows: list[int], elapsed_s: floa
         "commits_per_s": round(committed / elapsed_s, 1) if elapsed_s > 0 else 0.0,
         "latency_ms": _percentiles(latency),
     }
+
+
+def read_state(job_id: int, params: Mapping[str, Any]) -> State:
+    """The job's rows (the first MAX_ROWS_SHOWN) and the updates lost so far."""
+    tally = tally_rows(job_id, int(params.get("initial_value") or 0))
+    if not tally.rows:
+        return State({"rows": []}, {"lost_updates": None})
+    rows = [
+        {"id": pk, "name": row_name, "value": value, "version": version}
+        for pk, row_name, value, version in tally.rows[:MAX_ROWS_SHOWN]
+    ]
+    return State({"rows": rows}, {"lost_updates": tally.lost_updates})
+
+
+# The contended rows shown live (the sums behind lost_updates still cover all rows).
+MAX_ROWS_SHOWN = 64
+_FAILED_ATTEMPTS = ("conflict", "serialization_failure", "deadlock", "lock_timeout")
+_CONFLICT_409 = (
+    '409 Conflict: Operation cannot be fulfilled on counters "row {row}": the object has been modified; '
+    "please apply your changes to the latest version and try again"
+)
+
+
+class CounterRace(Scenario):
+    name = "counter"
+    title = "Counter race"
+    description = "N writers increment the same rows at once: watch conflicts, retries, lock waits and lost updates."
+    form_class = CounterForm
+    sections = {
+        "Workload": ("strategy", "writers", "increments", "seconds", "rows", "think_ms"),
+        "Retry policy": ("retry", "max_attempts", "base_ms", "factor", "cap_ms"),
+        "Locks and isolation": ("lock", "isolation"),
+        "Starting point": ("initial_value", "seed"),
+    }
+    actor_label = "writer {n}"
+    actors_param = "writers"
+    state_keys = ("rows",)
+    state_template = "scenarios/counter.html"
+    kinds = (
+        EventKind("read", "read", ("{who} read v{version_read} (value {value_read})",), "#8a94a6", "tick"),
+        EventKind(
+            "committed",
+            "committed",
+            (
+                "{who} committed v{version_written}, blindly overwriting {detail.overwrote} newer version(s): "
+                "their updates are lost",
+                "{who} committed v{version_written} (value {value_read} → {value_written})",
+                "{who} incremented in place: committed v{version_written} (value {value_written})",
+            ),
+            "#1a9e4b",
+            "dot",
+            ring_when="overwrote",
+            ring_label="blind write over newer versions",
+        ),
+        EventKind(
+            "conflict",
+            "conflict",
+            ("{who}'s write matched 0 rows: conflict (it read v{version_read})",),
+            "#d62828",
+            "cross",
+            explain=_CONFLICT_409,
+        ),
+        EventKind(
+            "retry",
+            "retry wait",
+            ("{who} waits {duration_ms:ms} before attempt {next_attempt}",),
+            "#f08c00",
+            "bar-after",
+            folds_into="conflict",
+            fold=", retry {next_attempt} in {duration_ms:ms}",
+        ),
+        EventKind(
+            "lock_wait", "lock wait", ("{who} waited {duration_ms:ms} for {detail.lock}",), "#1c64d6", "bar-before"
+        ),
+        EventKind(
+            "serialization_failure",
+            "serialization failure",
+            ("{who}'s transaction could not serialize access (SQLSTATE 40001)",),
+            "#8b3fd9",
+            "triangle",
+        ),
+        EventKind("gave_up", "gave up", ("{who} gave up after {attempt} attempts",), "#111111", "square"),
+        EventKind(
+            "deadlock", "deadlock", ("{who} was chosen as a deadlock victim (SQLSTATE 40P01)",), "#7a1010", "diamond"
+        ),
+        EventKind(
+            "lock_timeout",
+            "lock timeout",
+            ("{who} timed out waiting for the lock (SQLSTATE 55P03)",),
+            "#7a1010",
+            "diamond",
+        ),
+        ERROR,
+    )
+    figures = (
+        Figure("attempts", "attempts", count=("committed", *_FAILED_ATTEMPTS)),
+        Figure("committed", "commits", count=("committed",)),
+        Figure("conflicts", "conflicts", count=("conflict",)),
+        Figure("retries", "retries", count=("retry",)),
+        Figure("gave_up", "gave up", count=("gave_up",)),
+        Figure("lock_waits", "lock waits", count=("lock_wait",)),
+        Figure("lock_wait_ms", "lock wait (ms)", total_ms=("lock_wait",)),
+        Figure("serialization_failures", "serialization failures", count=("serialization_failure",)),
+        Figure("deadlocks", "deadlocks", count=("deadlock",)),
+        Figure("lock_timeouts", "lock timeouts", count=("lock_timeout",), shown=False),
+        Figure("errors", "errors", count=("error",), shown=False),
+        Figure("commits_per_s", "commits/s", per_second=("committed",)),
+        Figure("latency_ms", "latency (ms)", percentiles=("committed",)),
+        Figure("lost_updates", "lost updates", from_state=True, alarm=True),
+    )
+    rates = ("committed", "conflict")
+    compared = (
+        ("strategy", "strategy"),
+        ("retry", "retry policy"),
+        ("writers", "writers"),
+        ("rows", "rows"),
+        ("think_ms", "think time (ms)"),
+        ("attempts", "attempts"),
+        ("committed", "committed"),
+        ("conflicts", "conflicts"),
+        ("retries", "retries"),
+        ("gave_up", "gave up"),
+        ("serialization_failures", "serialization failures"),
+        ("lock_waits", "lock waits"),
+        ("lock_wait_ms", "lock wait (ms)"),
+        ("lost_updates", "lost updates"),
+        ("commits_per_s", "commits per second"),
+        ("latency_ms.p50", "latency p50 (ms)"),
+        ("latency_ms.p95", "latency p95 (ms)"),
+        ("latency_ms.p99", "latency p99 (ms)"),
+        ("duration_s", "duration (s)"),
+    )
+    presets = (
+        Preset(
+            "lost-update-demo",
+            "Lost update demo",
+            "Blind writes with think time: updates vanish, and the job counts them.",
+            {"strategy": "none", "writers": 8, "increments": 50, "think_ms": 5},
+        ),
+        Preset(
+            "k8s-default-backoff",
+            "k8s default backoff",
+            "Compare-and-swap retried with client-go's DefaultBackoff (10, 50, 250 ms; 4 steps).",
+            {"strategy": "occ", "retry": "k8s-default-backoff", "writers": 8, "increments": 50, "think_ms": 2},
+        ),
+        Preset(
+            "k8s-default-retry",
+            "k8s default retry",
+            "Compare-and-swap retried with client-go's DefaultRetry (10 ms, 5 steps): watch the give-ups.",
+            {"strategy": "occ", "retry": "k8s-default-retry", "writers": 8, "increments": 50, "think_ms": 2},
+        ),
+        Preset(
+            "pessimistic-lock-queue",
+            "Pessimistic lock queue",
+            "SELECT ... FOR UPDATE: no conflicts, writers queue on the row lock instead.",
+            {"strategy": "pessimistic", "lock": "update", "writers": 8, "increments": 50, "think_ms": 2},
+        ),
+        Preset(
+            "serializable-retries",
+            "Serializable retries",
+            "SERIALIZABLE transactions: PostgreSQL refuses the losers with SQLSTATE 40001, they retry.",
+            {
+                "strategy": "serializable",
+                "isolation": "serializable",
+                "retry": "k8s-default-retry",
+                "max_attempts": 20,
+                "writers": 8,
+                "increments": 50,
+                "think_ms": 2,
+            },
+        ),
+        Preset(
+            "atomic-increment",
+            "Atomic increment",
+            "UPDATE ... SET value = value + 1: no read-modify-write, nothing to conflict on.",
+            {"strategy": "atomic", "writers": 8, "increments": 200},
+        ),
+    )
+
+    def run(self, context: JobContext) -> dict[str, Any]:
+        return run(context)
+
+    def read_state(self, job_id: int, params: Mapping[str, Any]) -> State:
+        return read_state(job_id, params)
+
+    def setup(self, params: Mapping[str, Any]) -> str:
+        amount = f"{params.get('seconds')} s" if params.get("seconds") else f"{params.get('increments')} increments"
+        rows = int(params.get("rows") or 1)
+        line = f"{params.get('strategy')}, {params.get('writers')} writers x {amount} on {rows} row{'s' * (rows != 1)}"
+        if params.get("think_ms"):
+            line += f", think {params['think_ms']:g} ms"
+        if params.get("strategy") in {"occ", "pessimistic", "serializable"}:
+            line += f", retry {params.get('retry')}"
+        return line
+
+
+scenario = CounterRace()

@@ -29,6 +29,8 @@ class VersionedAdmin(admin.ModelAdmin):
 @admin.register(Counter)
 class CounterAdmin(VersionedAdmin):
     list_display = ["name", "namespace", "value", "resource_version", "job"]
+    # A guarded counter's fencing token moves only with a leader's guarded write.
+    readonly_fields = [*VersionedAdmin.readonly_fields, "fencing_token"]
 
 
 @admin.register(Pod)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import csv
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from asgiref.sync import sync_to_async
@@ -102,34 +102,39 @@ def bin_for(duration_ms: float) -> int:
     return next((b for b in _BINS_MS if duration_ms / b <= 150), _BINS_MS[-1])
 
 
-def rate_series(job: Job, bin_ms: int) -> dict[str, list[int]]:
-    """Commits and conflicts per `bin_ms` bin since the job started, counted in PostgreSQL."""
+def rate_series(job: Job, bin_ms: int, kinds: Sequence[str]) -> dict[str, list[int]]:
+    """Events of each of `kinds` per `bin_ms` bin since the job started, counted in PostgreSQL."""
     counts = (
-        Event.objects.filter(job=job, kind__in=[Event.Kind.COMMITTED, Event.Kind.CONFLICT])
+        Event.objects.filter(job=job, kind__in=list(kinds))
         .annotate(bin=Floor(F("t_ms") / bin_ms))
         .values("bin", "kind")
         .annotate(n=Count("id"))
     )
-    series: dict[str, list[int]] = {"committed": [], "conflict": []}
+    series: dict[str, list[int]] = {kind: [] for kind in kinds}
     for row in counts:
         values = series[row["kind"]]
         index = int(row["bin"])
         if index >= len(values):
             values.extend([0] * (index + 1 - len(values)))
         values[index] = row["n"]
-    length = max(len(values) for values in series.values())
-    for values in series.values():
-        values.extend([0] * (length - len(values)))
+    _pad(series.values())
     return series
 
 
-def aligned_rate_series(jobs: list[Job], bin_ms: int) -> list[dict[str, list[int]]]:
-    """`rate_series` of each job, padded to one length: charts side by side share their time axis."""
-    series = [rate_series(job, bin_ms) for job in jobs]
-    length = max((len(values) for one in series for values in one.values()), default=0)
-    for one in series:
-        for values in one.values():
-            values.extend([0] * (length - len(values)))
+def _pad(all_values: Iterable[list[int]]) -> None:
+    """Extend every list with zeros to the length of the longest."""
+    lists = list(all_values)
+    length = max((len(values) for values in lists), default=0)
+    for values in lists:
+        values.extend([0] * (length - len(values)))
+
+
+def aligned_rate_series(
+    jobs: list[Job], bin_ms: int, kinds_of: Mapping[int, Sequence[str]]
+) -> list[dict[str, list[int]]]:
+    """`rate_series` of each job (its scenario's kinds), padded to one length: charts share their time axis."""
+    series = [rate_series(job, bin_ms, kinds_of[job.pk]) for job in jobs]
+    _pad([values for one in series for values in one.values()])
     return series
 
 

@@ -25,14 +25,13 @@ from django_htmx.http import HttpResponseClientRedirect
 from django_htmx.middleware import HtmxDetails
 
 from occviz.jobs.models import Job
+from occviz.jobs.registry import ParamsError
 from occviz.jobs.tasks import launch
-from occviz.live.consumers import JobLiveConsumer
-from occviz.live.frames import JobInfo, StoreReader
-from occviz.live.logtext import log_lines
+from occviz.live import fragments
+from occviz.live.feeds import job_state
 from occviz.scenarios import SCENARIOS
-from occviz.scenarios.base import ParamsError
+from occviz.scenarios.base import Scenario
 from occviz.web import events
-from occviz.web.presets import PRESETS_BY_SCENARIO, find_preset
 
 RECENT_JOBS = 15
 MAX_COMPARE = 6
@@ -60,31 +59,30 @@ def _may_control(request: HttpRequest, job: Job) -> bool:
     return bool(request.user.is_staff or job.created_by_id == request.user.pk)
 
 
-def _live_first_render(job: Job) -> dict[str, Any]:
-    """The context of the live layer's fragments as its socket would send them now (status, counters, rows, log)."""
-    info = JobInfo(id=job.pk, scenario=job.scenario, strategy=job.strategy, params=dict(job.params))
-    reader = StoreReader(info, after=max(0, job.last_seq - JobLiveConsumer.LOG_LINES))
-    frame = reader.next_frame(job.last_seq)
-    return {
-        "live_job": {
-            "id": job.pk,
-            "scenario": job.scenario,
-            "strategy": job.strategy,
-            "status": job.status,
-            "finished": job.is_finished,
-            "summary": job.summary,
-            "invariant_ok": job.invariant_ok,
-        },
-        "totals": frame["totals"] if frame else None,
-        "rows": frame["rows"] if frame else reader.rows()[0],
-        "lines": list(reversed(log_lines(frame["events"]))) if frame else [],
-    }
+def _spec(job: Job) -> Scenario | None:
+    return SCENARIOS.get(job.scenario)
+
+
+def _with_setup(jobs: Any) -> list[Job]:
+    """The jobs, each with `setup` (one line from its scenario saying what it does) and `alarms`
+    (its alarming figures above zero, "3 lost updates", shown in red beside the verdict)."""
+    listed = list(jobs)
+    for job in listed:
+        spec = _spec(job)
+        job.setup = spec.setup(job.params) if spec else job.strategy
+        summary = job.summary or {}
+        job.alarms = [
+            f"{summary[figure.key]} {figure.label}"
+            for figure in (spec.figures if spec else ())
+            if figure.alarm and isinstance(summary.get(figure.key), int | float) and summary[figure.key] > 0
+        ]
+    return listed
 
 
 def _jobs_context() -> dict[str, Any]:
     active = Job.objects.filter(status__in=[Job.Status.QUEUED, Job.Status.RUNNING]).select_related("created_by")
     recent = Job.objects.filter(status__in=Job.FINISHED).select_related("created_by")[:RECENT_JOBS]
-    return {"active_jobs": list(active.order_by("id")), "recent_jobs": list(recent)}
+    return {"active_jobs": _with_setup(active.order_by("id")), "recent_jobs": _with_setup(recent)}
 
 
 @require_GET
@@ -92,18 +90,12 @@ def _jobs_context() -> dict[str, Any]:
 def home(request: HtmxHttpRequest) -> HttpResponse:
     if request.htmx:
         return render(request, "web/home.html#jobs", _jobs_context())
-    scenarios = [{"scenario": s, "presets": PRESETS_BY_SCENARIO.get(s.name, ())} for s in SCENARIOS.values()]
-    return render(request, "web/home.html", {"scenarios": scenarios, **_jobs_context()})
+    return render(request, "web/home.html", {"scenarios": list(SCENARIOS.values()), **_jobs_context()})
 
 
-def _form_sections(form: forms.Form) -> list[tuple[str, list[forms.BoundField]]]:
-    """The launch form's fields, grouped the way a person thinks about a run."""
-    groups = {
-        "Workload": ("strategy", "writers", "increments", "seconds", "rows", "think_ms"),
-        "Retry policy": ("retry", "max_attempts", "base_ms", "factor", "cap_ms"),
-        "Locks and isolation": ("lock", "isolation"),
-        "Starting point": ("initial_value", "seed"),
-    }
+def _form_sections(spec: Scenario, form: forms.Form) -> list[tuple[str, list[forms.BoundField]]]:
+    """The launch form's fields, grouped as the scenario declares (the way a person thinks about a run)."""
+    groups = spec.sections
     placed = {name for names in groups.values() for name in names}
     sections = [(title, [form[n] for n in names if n in form.fields]) for title, names in groups.items()]
     rest = [form[n] for n in form.fields if n not in placed]
@@ -130,13 +122,14 @@ def job_new(request: HtmxHttpRequest, scenario: str) -> HttpResponse:
             url = reverse("job_detail", args=[job.pk])
             return HttpResponseClientRedirect(url) if request.htmx else redirect(url)
     else:
-        preset = find_preset(scenario, request.GET.get("preset", ""))
+        slug = request.GET.get("preset", "")
+        preset = next((p for p in spec.presets if p.slug == slug), None)
         form = spec.form_class(initial=preset.params if preset else None)
     context = {
         "spec": spec,
         "form": form,
-        "sections": _form_sections(form),
-        "presets": PRESETS_BY_SCENARIO.get(scenario, ()),
+        "sections": _form_sections(spec, form),
+        "presets": spec.presets,
         "preset": preset,
     }
     if request.htmx and not request.htmx.boosted:
@@ -146,10 +139,12 @@ def job_new(request: HtmxHttpRequest, scenario: str) -> HttpResponse:
 
 
 def _job_context(request: HttpRequest, job: Job) -> dict[str, Any]:
-    spec = SCENARIOS.get(job.scenario)
+    spec = _spec(job)
     return {
         "job": job,
         "spec": spec,
+        "setup": spec.setup(job.params) if spec else "",
+        "vocabulary": spec.vocabulary(job.params) if spec else None,
         "may_control": _may_control(request, job),
         "params": sorted(job.params.items()),
         "summary": job.summary or {},
@@ -164,7 +159,7 @@ def job_detail(request: HtmxHttpRequest, job_id: int) -> HttpResponse:
     # The page's script asks for the controls again when the job ends (no more cancel button).
     if request.htmx and request.htmx.target == "controls":
         return render(request, "web/job_detail.html#controls", context)
-    return render(request, "web/job_detail.html", {**context, **_live_first_render(job)})
+    return render(request, "web/job_detail.html", {**context, "live": fragments.first_render_context(job_state(job))})
 
 
 @require_POST
@@ -265,7 +260,7 @@ def job_compare(request: HttpRequest) -> HttpResponse:
     except ValueError:
         return HttpResponseBadRequest("ids must be job numbers separated by commas, e.g. ?ids=3,4")
     if not 2 <= len(ids) <= MAX_COMPARE:
-        recent = Job.objects.filter(status__in=Job.FINISHED)[:30]
+        recent = _with_setup(Job.objects.filter(status__in=Job.FINISHED)[:30])
         return render(
             request,
             "web/job_compare.html",
@@ -279,47 +274,39 @@ def job_compare(request: HttpRequest) -> HttpResponse:
     jobs = [found[i] for i in ids]
     # One bin width for every job, so the charts share their time axis as well as their scale.
     bin_ms = events.bin_for(max(events.duration_ms(job) for job in jobs))
+    specs = {job.pk: _spec(job) for job in jobs}
+    kinds_of = {pk: spec.rates if spec else () for pk, spec in specs.items()}
     series = [
-        {"id": job.pk, "label": f"#{job.pk} {job.strategy}", **rates}
-        for job, rates in zip(jobs, events.aligned_rate_series(jobs, bin_ms), strict=True)
+        {"id": job.pk, "label": f"#{job.pk} {job.strategy or job.scenario}", "scenario": job.scenario, "rates": rates}
+        for job, rates in zip(jobs, events.aligned_rate_series(jobs, bin_ms, kinds_of), strict=True)
     ]
+    vocabularies = {spec.name: spec.vocabulary({}) for spec in specs.values() if spec}
     return render(
         request,
         "web/job_compare.html",
         {
-            "jobs": jobs,
+            "jobs": _with_setup(jobs),
             "rows": _compare_rows(jobs),
-            "series": {"bin_ms": bin_ms, "jobs": series},
+            "series": {"bin_ms": bin_ms, "jobs": series, "scenarios": vocabularies},
             "ids": ids,
             "max_compare": MAX_COMPARE,
         },
     )
 
 
-_COMPARED = (
-    ("strategy", "strategy"),
-    ("retry", "retry policy"),
-    ("writers", "writers"),
-    ("rows", "rows"),
-    ("think_ms", "think time (ms)"),
-    ("attempts", "attempts"),
-    ("committed", "committed"),
-    ("conflicts", "conflicts"),
-    ("retries", "retries"),
-    ("gave_up", "gave up"),
-    ("serialization_failures", "serialization failures"),
-    ("lock_waits", "lock waits"),
-    ("lock_wait_ms", "lock wait (ms)"),
-    ("lost_updates", "lost updates"),
-    ("commits_per_s", "commits per second"),
-    ("duration_s", "duration (s)"),
-)
+def _summary_value(job: Job, key: str) -> Any:
+    """A summary figure by dotted key (`latency_ms.p95`), else the parameter of that name."""
+    value: Any = job.summary or {}
+    for part in key.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    return job.params.get(key) if value is None else value
 
 
 def _compare_rows(jobs: list[Job]) -> list[tuple[str, list[Any]]]:
-    rows: list[tuple[str, list[Any]]] = []
-    for key, label in _COMPARED:
-        rows.append((label, [(job.summary or {}).get(key, job.params.get(key)) for job in jobs]))
-    for pct in ("p50", "p95", "p99"):
-        rows.append((f"latency {pct} (ms)", [((job.summary or {}).get("latency_ms") or {}).get(pct) for job in jobs]))
-    return rows
+    """The figures each job's scenario compares, in order, once each (jobs of several scenarios: all of them)."""
+    compared: dict[str, str] = {}
+    for job in jobs:
+        spec = _spec(job)
+        for key, label in spec.compared if spec else ():
+            compared.setdefault(key, label)
+    return [(label, [_summary_value(job, key) for job in jobs]) for key, label in compared.items()]

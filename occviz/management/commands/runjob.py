@@ -2,104 +2,123 @@
 
     python manage.py runjob counter --writers 8 --increments 100 --strategy occ --json
 
-The job is recorded like any other (events, summary, admin), but no worker is
-needed: the actors run as threads of this command.
+Each scenario is a subcommand whose flags are its parameters form's fields (`--think-ms`
+for `think_ms`): the form holds every default, limit and help text, and validates what
+the flags say, so the same input gets the same error here as in the browser. The job is
+recorded like any other (events, summary, admin), but no worker is needed: the actors
+run as threads of this command.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+from collections.abc import Callable
 from typing import Any
 
+from django import forms
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from occviz.concurrency.retry import PRESETS
-from occviz.concurrency.strategies import STRATEGIES
 from occviz.jobs.models import Job
+from occviz.jobs.registry import ParamsError
 from occviz.jobs.runner import run_job
 from occviz.jobs.tasks import create_job
-from occviz.scenarios.base import ParamsError
+from occviz.scenarios import SCENARIOS
+from occviz.scenarios.base import Scenario
 
-# Flags that are not job parameters.
-_OWN = {
-    "scenario",
-    "json",
-    "verbosity",
-    "settings",
-    "pythonpath",
-    "traceback",
-    "no_color",
-    "force_color",
-    "skip_checks",
-}
+
+def _number(kind: type[int] | type[float]) -> Callable[[str], int | float]:
+    """An argparse type that accepts ASCII digits only (int() would take '٣' as 3)."""
+
+    def parse(raw: str) -> int | float:
+        if not raw.isascii():
+            raise ValueError(raw)
+        return kind(raw)
+
+    parse.__name__ = kind.__name__  # argparse says "invalid int value: 'four'"
+    return parse
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _add_flags(parser: argparse.ArgumentParser, spec: Scenario) -> None:
+    for name, field in spec.form_class.base_fields.items():
+        help_text = str(field.help_text or field.label or name.replace("_", " "))
+        if field.initial not in (None, "") and not isinstance(field, forms.BooleanField):
+            help_text += f" (default {field.initial})"
+        options: dict[str, Any] = {"dest": name, "help": help_text}
+        if isinstance(field, forms.BooleanField):
+            options["action"] = "store_true"
+            options["default"] = None
+        elif name in spec.list_params:
+            options.update(nargs="+", action="extend", metavar=name.upper())
+        elif isinstance(field, forms.ChoiceField):
+            options["choices"] = [str(value) for value, _ in field.choices if value != ""]
+        elif isinstance(field, forms.IntegerField):
+            options["type"] = _number(int)
+        elif isinstance(field, forms.FloatField):
+            options["type"] = _number(float)
+        # Required only where the form has no default: otherwise the form fills it in.
+        options["required"] = bool(field.required and field.initial is None and not options.get("action"))
+        parser.add_argument(_flag(name), **options)
+    parser.add_argument("--json", action="store_true", help="print only the summary, as one JSON object")
 
 
 class Command(BaseCommand):
     help = "Run a contention job headless and print its summary."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        scenarios = parser.add_subparsers(dest="scenario", required=True, metavar="SCENARIO")
-        counter = scenarios.add_parser(
-            "counter",
-            help="N writers x M increments over K rows",
-            called_from_command_line=parser.called_from_command_line,
-        )
-        counter.add_argument("--strategy", required=True, choices=list(STRATEGIES))
-        counter.add_argument("--writers", type=int, default=4)
-        amount = counter.add_mutually_exclusive_group()
-        amount.add_argument("--increments", type=int, help="increments per writer (default 100)")
-        amount.add_argument("--seconds", type=float, help="run for this long instead")
-        counter.add_argument("--rows", type=int, default=1)
-        counter.add_argument("--think-ms", type=float, default=0.0, help="pause between read and write")
-        counter.add_argument("--retry", choices=list(PRESETS), default="k8s-default-backoff")
-        counter.add_argument("--max-attempts", type=int)
-        counter.add_argument("--base-ms", type=float, default=10.0, help="exponential: first wait")
-        counter.add_argument("--factor", type=float, default=2.0, help="exponential: growth per retry")
-        counter.add_argument("--cap-ms", type=float, default=1000.0, help="exponential: longest wait")
-        counter.add_argument("--lock", choices=["update", "share"], default="update", help="pessimistic lock mode")
-        counter.add_argument("--isolation", choices=["serializable", "repeatable-read"], default="serializable")
-        counter.add_argument("--initial-value", type=int, default=0)
-        counter.add_argument("--seed", type=int)
-        for sub in (counter,):
-            sub.add_argument("--json", action="store_true", help="print only the summary, as one JSON object")
+        subcommands = parser.add_subparsers(dest="scenario", required=True, metavar="SCENARIO")
+        for spec in SCENARIOS.values():
+            sub = subcommands.add_parser(
+                spec.name, help=spec.description, called_from_command_line=parser.called_from_command_line
+            )
+            _add_flags(sub, spec)
 
     def handle(self, *args: Any, **options: Any) -> None:
-        scenario = options["scenario"]
-        data = {key: value for key, value in options.items() if key not in _OWN and value is not None}
+        spec = SCENARIOS[options["scenario"]]
+        data = {}
+        for name in spec.form_class.base_fields:
+            value = options.get(name)
+            if value is not None:
+                data[name] = " ".join(map(str, value)) if name in spec.list_params else value
         try:
-            job = create_job(scenario, data)
+            job = create_job(spec.name, data)
         except ParamsError as error:
             flags = "; ".join(
-                f"--{field.replace('_', '-')}: {' '.join(messages)}" if field != "__all__" else " ".join(messages)
+                f"{_flag(field)}: {' '.join(messages)}" if field != "__all__" else " ".join(messages)
                 for field, messages in error.errors.items()
             )
             raise CommandError(f"invalid job: {flags}", returncode=2) from None
         job = run_job(job.pk)
         if job.summary is None:
             raise CommandError(f"job {job.pk} failed:\n{job.error}")
-        if options["json"]:
-            self.stdout.write(json.dumps(job.summary))
-        else:
-            self.stdout.write(_readable(job))
+        self.stdout.write(json.dumps(job.summary) if options["json"] else _readable(spec, job))
         if job.status == Job.Status.FAILED:
             raise CommandError(f"job {job.pk} failed:\n{job.error}")
         if not job.summary["invariant_ok"]:
             raise CommandError(f"job {job.pk}: invariant broken: {job.summary['invariant']}")
 
 
-def _readable(job: Job) -> str:
-    s = job.summary or {}
-    latency = s.get("latency_ms") or {}
-    lines = [
-        f"job {job.pk}: {s['scenario']} race, strategy {s['strategy']}, "
-        f"{s['writers']} writers on {s['rows']} row(s): {job.status}",
-        f"  attempts {s['attempts']}  committed {s['committed']}  conflicts {s['conflicts']}  retries {s['retries']}"
-        f"  gave up {s['gave_up']}",
-        f"  serialization failures {s['serialization_failures']}  deadlocks {s['deadlocks']}"
-        f"  lock waits {s['lock_waits']} ({s['lock_wait_ms']} ms)",
-        f"  {s['commits_per_s']} commits/s over {s['duration_s']} s;"
-        f" latency p50 {latency.get('p50')} ms, p95 {latency.get('p95')} ms, p99 {latency.get('p99')} ms",
-        f"  value {s['initial_value']} -> {s['final_value']}, lost updates {s['lost_updates']}",
-        f"  invariant {'holds' if s['invariant_ok'] else 'BROKEN'}: {s['invariant']}",
-    ]
+def _readable(spec: Scenario, job: Job) -> str:
+    summary = job.summary or {}
+    figures = []
+    for figure in spec.figures:
+        value = summary.get(figure.key)
+        if isinstance(value, dict):
+            value = " / ".join(f"{name} {amount}" for name, amount in value.items())
+        if value is not None:
+            figures.append(f"{figure.label} {value}")
+    lines = [f"job {job.pk}: {spec.title} ({spec.setup(job.params)}): {job.status}"]
+    line = " "
+    for text in figures:
+        if len(line) + len(text) > 100:
+            lines.append(line)
+            line = " "
+        line += f" {text}."
+    lines.append(line)
+    lines.append(f"  {summary.get('duration_s')} s; invariant {'holds' if summary.get('invariant_ok') else 'BROKEN'}:")
+    lines.append(f"  {summary.get('invariant')}")
     return "\n".join(lines)

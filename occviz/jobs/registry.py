@@ -1,0 +1,83 @@
+"""What the job runner is handed: the programs it can run, and who observes each job.
+
+The runner knows no scenario and no websocket. Scenarios register themselves as
+programs (`occviz.scenarios`, when the app loads), the live stream registers its
+publisher as an observer (`occviz.live`), and a test can register a program of its
+own. Everything the runner needs of a program is `clean()` and `run()`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from occviz.jobs.models import Job
+    from occviz.jobs.recorder import Columns
+    from occviz.jobs.runner import JobContext
+
+
+class ParamsError(Exception):
+    """Invalid job parameters: `errors` maps each field to its messages."""
+
+    def __init__(self, errors: Mapping[str, list[str]]) -> None:
+        self.errors = dict(errors)
+        super().__init__("; ".join(f"{field}: {' '.join(messages)}" for field, messages in self.errors.items()))
+
+
+class JobProgram(Protocol):
+    """A kind of job: validates its parameters and runs its actors."""
+
+    name: str
+
+    def clean(self, data: Mapping[str, Any]) -> dict[str, Any]:
+        """The cleaned parameters, or ParamsError."""
+        ...
+
+    def run(self, context: JobContext) -> dict[str, Any]:
+        """Run the job's actors and return its summary, with `invariant_ok` and `invariant`."""
+        ...
+
+
+class JobObserver(Protocol):
+    """Told about one job as it runs: each stored batch of events, and its end."""
+
+    def stored(self, seq_from: int, seq_to: int, columns: Columns) -> None: ...
+
+    def ended(self, job: Job) -> None: ...
+
+
+ObserverFactory = Callable[["Job"], JobObserver]
+
+_programs: dict[str, JobProgram] = {}
+_observers: list[ObserverFactory] = []
+
+
+def register_program(program: JobProgram) -> None:
+    _programs[program.name] = program
+
+
+def unregister_program(name: str) -> None:
+    _programs.pop(name, None)
+
+
+def program(name: str) -> JobProgram:
+    try:
+        return _programs[name]
+    except KeyError:
+        known = ", ".join(sorted(_programs)) or "none"
+        raise LookupError(f"no scenario named {name!r} (known: {known})") from None
+
+
+def programs() -> dict[str, JobProgram]:
+    return dict(_programs)
+
+
+def add_observer(factory: ObserverFactory) -> None:
+    """`factory(job)` is called when each job starts; the observer it returns follows that job."""
+    if factory not in _observers:
+        _observers.append(factory)
+
+
+def observers_for(job: Job) -> list[JobObserver]:
+    return [factory(job) for factory in _observers]
