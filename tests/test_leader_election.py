@@ -24,6 +24,7 @@ from occviz.scenarios.leader_election.elector import (
     LeaderElectionConfig,
     TimedControl,
     create_objects,
+    objects_of,
 )
 from occviz.scenarios.leader_election.fencing import fenced_increment
 from occviz.scenarios.leader_election.proxy import DatabaseProxy
@@ -255,7 +256,7 @@ def test_leader_failover_within_lease_plus_retry_after_a_kill() -> None:
     assert failover["transition"] == 2
     assert failover["bound_s"] == pytest.approx(KILL_BOUND_S)
     # A follower waits out the whole lease after it last saw the renewal: never sooner.
-    assert FAST.lease_duration - FAST.retry_period < failover["new_leader_after_s"] <= failover["bound_s"]
+    assert FAST.lease_duration - FAST.retry_period - 0.1 < failover["new_leader_after_s"] <= failover["bound_s"]
     print(f"\nkill: {describe_failover(failover)}")
     assert summary["transitions"] == 2
     assert_safe(summary)
@@ -420,6 +421,25 @@ def test_controls_on_an_unknown_or_dead_replica_raise() -> None:
         run.election.add_replica()
 
 
+def test_a_control_applied_now_hits_the_leader_and_a_scheduled_one_that_cannot_apply_is_recorded() -> None:
+    run = Run(2)
+    run.election.schedule(TimedControl("kill", at_s=0.2, replica=5))
+    run.start()
+    try:
+        leader = run.leader()
+        # What a page's button does: no replica named, so the leader.
+        assert run.election.apply(TimedControl("pause", at_s=0, seconds=0.3)) == leader
+        with pytest.raises(ValueError, match="already paused"):
+            run.election.apply(TimedControl("pause", at_s=0, replica=leader, seconds=0.3))
+    finally:
+        summary = run.finish(after_s=0.5)
+    (failed,) = run.log.of("control_failed")
+    assert failed["detail"] == {"control": "kill", "error": "There is no replica 5: the replicas are 1 to 2."}
+    (paused,) = run.log.of("paused")
+    assert paused["actor"] == leader
+    assert_safe(summary)
+
+
 # -- the job's events --------------------------------------------------------------------------------
 
 
@@ -442,7 +462,8 @@ def test_summary_from_the_stored_events_of_a_job() -> None:
 
     events = read_events(job.pk)
     assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
-    summary = summarize(events, Lease.objects.get(pk=lease.pk), FAST)
+    assert objects_of(job.pk) == (lease, counter)
+    summary = summarize(events, objects_of(job.pk)[0], FAST)
     assert set(summary) == {
         "replicas",
         "transitions",
@@ -476,7 +497,12 @@ def test_the_wording_of_failovers_and_stale_leaders() -> None:
     assert describe_failover(failover) == (
         "replica-2 acquired the lease (transition 3), 4.1 s after replica-1 was killed (bound 6.9 s)."
     )
-    woke = {"actor": 1, "kind": "woke", "detail": {"seconds": 6.0, "believes_leader": True}}
+    woke = {"actor": 1, "kind": "woke", "detail": {"seconds": 6.0, "believes_leader": True, "token": 2}}
     fenced = {"actor": 1, "kind": "fenced", "value_written": 2, "value_read": 3, "detail": None}
-    assert sentence(woke) == "replica-1 woke from a 6 s pause believing it leads."
+    assert sentence(woke) == "replica-1 woke from a 6.0 s pause believing it leads (token 2)."
     assert sentence(fenced) == "replica-1's write with token 2 was fenced: the counter has seen token 3."
+    # Stored events give their detail back as JSON text; a follower's wake-up reads otherwise.
+    woke_as_follower = {"actor": 3, "kind": "woke", "detail": '{"seconds": 2.5, "believes_leader": false}'}
+    assert sentence(woke_as_follower) == "replica-3 woke from a 2.5 s pause as a follower."
+    skewed = {"actor": 2, "kind": "skewed", "detail": {"seconds": -30.0, "behind_s": 30.0}}
+    assert sentence(skewed, who="replica two") == "replica two's clock now runs 30.0 s behind."

@@ -72,7 +72,7 @@ class Record(Protocol):
 # guarded counter's for guarded_write / fenced; versions: resource versions).
 KINDS: Final[dict[str, str]] = {
     "acquired": "became leader. versions of the Lease; value_read/written: lease_transitions before/after "
-    "(equal when it re-took a lease that still named it); detail holder (the previous one), db_time",
+    "(equal when it re-took a lease that still named it); detail db_time, holder (the previous one, if another)",
     "renewed": "renewed its lease. versions of the Lease; value_read/written: lease_transitions; detail db_time",
     "backed_off": "another holder's lease is still valid by this replica's observation. version_read, "
     "value_read: lease_transitions; detail holder",
@@ -91,9 +91,9 @@ KINDS: Final[dict[str, str]] = {
     "killed": "killed: stops at once, no release, its connection dropped",
     "stopped": "stopped gracefully (releases the lease if it holds it and ReleaseOnCancel is set)",
     "paused": "a stop-the-world pause began. detail seconds, leading",
-    "woke": "the pause ended. detail seconds, believes_leader",
+    "woke": "the pause ended. detail seconds, believes_leader, token (if it believes it leads)",
     "cut_off": "cut off from the database. detail seconds, leading",
-    "skewed": "its wall clock (acquire/renew times) runs off. detail seconds",
+    "skewed": "its wall clock (acquire/renew times) runs off. detail seconds, ahead_s or behind_s",
     "added": "joined the election while it ran",
     "control_failed": "a scheduled control could not be applied. detail control, error",
     "error": "the replica's thread failed (a bug, not a database error). detail message",
@@ -153,6 +153,11 @@ def create_objects(namespace: str, *, job: Any = None, name: str = "leader") -> 
     lease = Lease.objects.create(namespace=namespace, name=name, job=job)
     counter = Counter.objects.create(namespace=namespace, name=f"{name}-guarded", job=job)
     return lease, counter
+
+
+def objects_of(job_id: int, name: str = "leader") -> tuple[Lease, Counter]:
+    """A job's Lease and guarded counter, as `create_objects` made them, read now (live state, summary)."""
+    return Lease.objects.get(job_id=job_id, name=name), Counter.objects.get(job_id=job_id, name=f"{name}-guarded")
 
 
 def identity(number: int) -> str:
@@ -312,7 +317,7 @@ class LeaderElector:
         previous_holder = read.holder_identity
         self._observe(_with_version(desired, written))
         detail: dict[str, Any] = {"db_time": written.db_time.isoformat()}
-        if not renewing:
+        if not renewing and previous_holder not in ("", self.identity):
             detail["holder"] = previous_holder
         self.record(
             "renewed" if renewing else "acquired",
@@ -531,7 +536,10 @@ class LeaderElector:
                 self._wake.clear()
             self.paused = False
             if not self._done():
-                self.record("woke", detail={"seconds": seconds, "believes_leader": self.leading})
+                woke: dict[str, Any] = {"seconds": seconds, "believes_leader": self.leading}
+                if self.leading:
+                    woke["token"] = self.token
+                self.record("woke", detail=woke)
         return not self._done()
 
     # -- the controls (from other threads) ------------------------------------------------------------
@@ -566,7 +574,10 @@ class LeaderElector:
 
     def skew(self, seconds: float) -> None:
         self.clock_offset_s = seconds
-        self._record_control("skewed", detail={"seconds": seconds})
+        detail: dict[str, Any] = {"seconds": seconds}
+        if seconds:
+            detail["ahead_s" if seconds > 0 else "behind_s"] = abs(seconds)
+        self._record_control("skewed", detail=detail)
 
 
 def _with_version(record: LeaseRecord, written: Written) -> LeaseRecord:
@@ -748,31 +759,38 @@ class LeaderElection:
         for control in sorted(self._controls, key=lambda c: c.at_s):
             if self._end.wait(max(0.0, self.started_at + control.at_s - time.monotonic())):
                 return
-            self._apply(control)
+            try:
+                self.apply(control, wait_for_leader_s=math.inf)
+            except ValueError as error:
+                actor = control.replica or 0
+                self.record(actor, 0, 0, "control_failed", detail={"control": control.action, "error": str(error)})
 
-    def _apply(self, control: TimedControl) -> None:
+    def apply(self, control: TimedControl, *, wait_for_leader_s: float = 0.0) -> int:
+        """Apply `control` now (its `at_s` aside): what a scheduled control, or a page's button, does.
+
+        With no replica named it hits whoever leads, waiting up to `wait_for_leader_s` for
+        one. Returns the replica it hit (or added); ValueError as the controls raise it, or
+        when no replica leads.
+        """
         if control.action == "add":
-            self.add_replica()
-            return
+            return self.add_replica()
         target = control.replica
-        while target is None:
-            target = self.leader()
-            if target is None and self._end.wait(0.01):
-                return
-        try:
-            match control.action:
-                case "kill":
-                    self.kill(target)
-                case "stop":
-                    self.stop(target)
-                case "pause":
-                    self.pause(target, control.seconds)
-                case "cut_off":
-                    self.cut_off(target, control.seconds)
-                case "skew":
-                    self.skew(target, control.seconds)
-        except ValueError as error:
-            self.record(target, 0, 0, "control_failed", detail={"control": control.action, "error": str(error)})
+        if target is None:
+            target = self.wait_for_leader(wait_for_leader_s)
+            if target is None:
+                raise ValueError("No replica leads now.")
+        match control.action:
+            case "kill":
+                self.kill(target)
+            case "stop":
+                self.stop(target)
+            case "pause":
+                self.pause(target, control.seconds)
+            case "cut_off":
+                self.cut_off(target, control.seconds)
+            case "skew":
+                self.skew(target, control.seconds)
+        return target
 
     # -- looking ----------------------------------------------------------------------------------
 
@@ -807,9 +825,8 @@ class LeaderElection:
             leader = self.leader()
             if leader is not None and leader not in excluded:
                 return leader
-            if time.monotonic() >= deadline:
+            if time.monotonic() >= deadline or self._end.wait(0.01):
                 return None
-            time.sleep(0.01)
 
     # -- the failure controls -----------------------------------------------------------------------
 

@@ -18,12 +18,13 @@ empty holder and takes it at once: 2.2 x RetryPeriod + the margin.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Final
 
 from django.db import connection
 
+from occviz.scenarios.base import fill
 from occviz.scenarios.leader_election.elector import JITTER_FACTOR, identity
 
 if TYPE_CHECKING:
@@ -311,6 +312,42 @@ def summarize(
 
 # -- the wording --------------------------------------------------------------------------------------
 
+# How each kind reads: templates in the scenarios' placeholder language (occviz.scenarios.base.fill:
+# `{who}`, `{value_written}`, `{detail.holder}`, `{detail.seconds:s}`), the first whose values are
+# all present being used, so the same words serve the pages, the browser and `sentence()` here.
+SENTENCES: Final[dict[str, tuple[str, ...]]] = {
+    "acquired": (
+        "{who} acquired the lease from {detail.holder} (transition {value_written}).",
+        "{who} acquired the lease (transition {value_written}).",
+    ),
+    "renewed": ("{who} renewed the lease.",),
+    "backed_off": ("{who} backed off: {detail.holder}'s lease is still valid.",),
+    "conflict": ("{who} lost the compare-and-swap on the lease: version {version_read} had moved on.",),
+    "renew_failed": ("{who} could not renew: {detail.reason}.",),
+    "lost": ("{who} stepped down: no renewal for {detail.since_renew_s:s} (RenewDeadline).",),
+    "released": ("{who} released the lease.",),
+    "guarded_write": ("{who} did its guarded write with token {value_written}.",),
+    "fenced": ("{who}'s write with token {value_written} was fenced: the counter has seen token {value_read}.",),
+    "db_error": ("{who}: database error ({detail.phase}): {detail.message}",),
+    "reconnected": ("{who} reconnected to the database.",),
+    "killed": ("{who} was killed.",),
+    "stopped": ("{who} was stopped gracefully.",),
+    "paused": ("{who} froze for {detail.seconds:s} (a stop-the-world pause).",),
+    "woke": (
+        "{who} woke from a {detail.seconds:s} pause believing it leads (token {detail.token}).",
+        "{who} woke from a {detail.seconds:s} pause as a follower.",
+    ),
+    "cut_off": ("{who} was cut off from the database for {detail.seconds:s}.",),
+    "skewed": (
+        "{who}'s clock now runs {detail.ahead_s} s ahead.",
+        "{who}'s clock now runs {detail.behind_s} s behind.",
+        "{who}'s clock is right again.",
+    ),
+    "added": ("{who} joined the election.",),
+    "control_failed": ("The {detail.control} of {who} could not be applied: {detail.error}",),
+    "error": ("{who} failed: {detail.message}",),
+}
+
 _CAUSE_WORDS: Final = {
     "kill": "was killed",
     "stop": "was stopped",
@@ -319,8 +356,18 @@ _CAUSE_WORDS: Final = {
 }
 
 
+def sentence(event: Event, who: str | None = None) -> str:
+    """One event in words, e.g. "replica-1's write with token 2 was fenced: the counter has seen token 3."."""
+    who = who or _name(event)
+    for template in SENTENCES.get(event["kind"], ()):
+        text = fill(template, {**event, "detail": detail(event)}, who)
+        if text is not None:
+            return text
+    return f"{who}: {event['kind']}."
+
+
 def describe_failover(failover: Mapping[str, Any]) -> str:
-    """E.g. "replica-2 acquired the lease (transition 3), 4.1 s after replica-1 was killed (bound 6.9 s)"."""
+    """E.g. "replica-2 acquired the lease (transition 3), 4.1 s after replica-1 was killed (bound 6.9 s)."."""
     what = f"{failover['leader']} {_CAUSE_WORDS[failover['cause']]}"
     if failover["new_leader"] is None:
         return f"No replica acquired the lease after {what} at {failover['at_s']:.1f} s."
@@ -328,68 +375,3 @@ def describe_failover(failover: Mapping[str, Any]) -> str:
         f"{failover['new_leader']} acquired the lease (transition {failover['transition']}), "
         f"{failover['new_leader_after_s']:.1f} s after {what} (bound {failover['bound_s']:.1f} s)."
     )
-
-
-def _seconds(value: Any) -> str:
-    return f"{float(value):g} s"
-
-
-def _acquired(e: Event, d: dict[str, Any]) -> str:
-    if e["value_written"] == e["value_read"]:
-        return f"{_name(e)} took the lease back (transition {e['value_written']}): it still named it."
-    before = f" from {d['holder']}" if d.get("holder") else ""
-    return f"{_name(e)} acquired the lease{before} (transition {e['value_written']})."
-
-
-def _fenced(e: Event, d: dict[str, Any]) -> str:
-    return (
-        f"{_name(e)}'s write with token {e['value_written']} was fenced: the counter has seen token {e['value_read']}."
-    )
-
-
-def _woke(e: Event, d: dict[str, Any]) -> str:
-    belief = "believing it leads" if d.get("believes_leader") else "as a follower"
-    return f"{_name(e)} woke from a {_seconds(d.get('seconds', 0))} pause {belief}."
-
-
-def _skewed(e: Event, d: dict[str, Any]) -> str:
-    seconds = float(d.get("seconds", 0))
-    if seconds == 0:
-        return f"{_name(e)}'s clock is right again."
-    return f"{_name(e)}'s clock now runs {abs(seconds):g} s {'ahead' if seconds > 0 else 'behind'}."
-
-
-_SENTENCES: Final[dict[str, Callable[[Event, dict[str, Any]], str]]] = {
-    "acquired": _acquired,
-    "renewed": lambda e, d: f"{_name(e)} renewed the lease.",
-    "backed_off": lambda e, d: f"{_name(e)} backed off: {d.get('holder', 'another replica')}'s lease is still valid.",
-    "conflict": lambda e, d: (
-        f"{_name(e)} lost the compare-and-swap on the lease: version {e['version_read']} had moved on."
-    ),
-    "renew_failed": lambda e, d: f"{_name(e)} could not renew: {d.get('reason') or 'no reason given'}.",
-    "lost": lambda e, d: (
-        f"{_name(e)} stepped down: no renewal for {float(d.get('since_renew_s', 0)):.1f} s (RenewDeadline)."
-    ),
-    "released": lambda e, d: f"{_name(e)} released the lease.",
-    "guarded_write": lambda e, d: f"{_name(e)} did its guarded write with token {e['value_written']}.",
-    "fenced": _fenced,
-    "db_error": lambda e, d: f"{_name(e)}: database error ({d.get('phase', '?')}): {d.get('message', '')}",
-    "reconnected": lambda e, d: f"{_name(e)} reconnected to the database.",
-    "killed": lambda e, d: f"{_name(e)} was killed.",
-    "stopped": lambda e, d: f"{_name(e)} was stopped gracefully.",
-    "paused": lambda e, d: f"{_name(e)} froze for {_seconds(d.get('seconds', 0))} (a stop-the-world pause).",
-    "woke": _woke,
-    "cut_off": lambda e, d: f"{_name(e)} was cut off from the database for {_seconds(d.get('seconds', 0))}.",
-    "skewed": _skewed,
-    "added": lambda e, d: f"{_name(e)} joined the election.",
-    "control_failed": lambda e, d: f"The {d.get('control')} of {_name(e)} could not be applied: {d.get('error')}",
-    "error": lambda e, d: f"{_name(e)} failed: {d.get('message', '')}",
-}
-
-
-def sentence(event: Event) -> str:
-    """One event in words, e.g. "replica-1's write with token 2 was fenced: the counter has seen token 3"."""
-    say = _SENTENCES.get(event["kind"])
-    if say is None:
-        return f"{_name(event)}: {event['kind']}."
-    return say(event, detail(event))
