@@ -18,6 +18,7 @@ from django.db import connection
 
 from occviz.jobs.models import Job
 from occviz.jobs.recorder import EventRecorder
+from occviz.jobs.runner import JobContext
 from occviz.scenarios.leader_election.connection import ReplicaConnection
 from occviz.scenarios.leader_election.elector import (
     LeaderElection,
@@ -443,22 +444,25 @@ def test_a_control_applied_now_hits_the_leader_and_a_scheduled_one_that_cannot_a
 # -- the job's events --------------------------------------------------------------------------------
 
 
-def test_summary_from_the_stored_events_of_a_job() -> None:
+def test_a_job_runs_the_election_through_its_context_and_summarizes_its_stored_events() -> None:
     job = Job.objects.create(scenario="leader-election")
-    lease, counter = create_objects(f"job-{job.pk}", job=job)
     recorder = EventRecorder(job.pk)
+    context = JobContext(job, recorder)
     recorder.start()
+    # As the scenario wires it: the job's objects, its recorder and stop event, its barrier.
+    lease, counter = create_objects(f"job-{job.pk}", job=job)
     election = LeaderElection(
         lease_id=lease.pk,
         counter_id=counter.pk,
         replicas=2,
-        record=recorder.record,
-        stop=threading.Event(),
+        record=context.recorder.record,
+        stop=context.stop,
         config=FAST,
     )
-    recorder.start_clock()
-    election.run(seconds=1.0)
+    election.schedule(TimedControl("stop", at_s=0.6))
+    election.run(seconds=1.5, run_actors=context.run_actors)
     recorder.stop()
+    assert not context.errors
 
     events = read_events(job.pk)
     assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
@@ -478,7 +482,9 @@ def test_summary_from_the_stored_events_of_a_job() -> None:
         "invariant_ok",
         "invariant",
     }
-    assert summary["replicas"] == 2 and summary["transitions"] == 1 and summary["renewals"] >= 2
+    assert summary["replicas"] == 2 and summary["transitions"] == 2 and summary["renewals"] >= 2
+    (failover,) = summary["failovers"]
+    assert failover["cause"] == "stop" and failover["within_bound"]
     assert_safe(summary)
     for event in events:
         assert sentence(event)

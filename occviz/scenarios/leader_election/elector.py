@@ -808,11 +808,13 @@ class LeaderElection:
 
     def alive(self) -> list[int]:
         """The replicas still running (paused and cut-off ones included)."""
-        return [n for n, e in sorted(self._electors.items()) if not (e.killed or e.stop_requested or e.finished)]
+        # list(): a replica may be added meanwhile, from another thread.
+        electors = sorted(list(self._electors.items()))
+        return [n for n, e in electors if not (e.killed or e.stop_requested or e.finished)]
 
     def leader(self) -> int | None:
         """The replica that leads now: of those that believe they lead, the newest (highest token)."""
-        leading = [e for e in self._electors.values() if e.leading and not (e.killed or e.stop_requested)]
+        leading = [e for e in list(self._electors.values()) if e.leading and not (e.killed or e.stop_requested)]
         if not leading:
             return None
         return max(leading, key=lambda e: e.token or 0).number
