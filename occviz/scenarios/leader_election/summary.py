@@ -4,15 +4,17 @@
 validity by the database's clock, fencing) with its invariant; `sentence()` and
 `describe_failover()` hold the wording the pages and `runjob` use.
 
-Failover bounds. After a kill (or a pause, or a cut-off) the leader's last
-renewal was written at most one RetryPeriod before; a follower restarts its
-observed clock only when it next reads the record, up to one jittered retry
-period (2.2 x RetryPeriod) after that write, waits out LeaseDuration from there,
-and acquires on its next try, up to another 2.2 x RetryPeriod later. So the honest
-worst case is LeaseDuration + 2 x 2.2 x RetryPeriod, and that is the bound used,
-plus FAILOVER_MARGIN_S for statements, reconnections and thread scheduling. After
-a graceful stop that released the lease, the first follower to try again sees an
-empty holder and takes it at once: 2.2 x RetryPeriod + the margin.
+Failover bounds. A kill (or a pause, or a cut-off) at T leaves the leader's
+last renewal written at or before T. A follower restarts its observed clock only
+when it next reads the record, up to one jittered retry period (2.2 x RetryPeriod)
+after that write, waits out LeaseDuration from there, and acquires on its next
+try, up to another 2.2 x RetryPeriod later. So the honest worst case is
+LeaseDuration + 2 x 2.2 x RetryPeriod after T, and that is the bound used, plus
+FAILOVER_MARGIN_S for statements, reconnections and thread scheduling (the
+shorter LeaseDuration + 2.2 x RetryPeriod holds only for a follower that happened
+to read the last renewal as it was written). After a graceful stop that released
+the lease, the first follower to try again sees an empty holder and takes it at
+once: 2.2 x RetryPeriod + the margin. A stop without release is bounded as a kill.
 """
 
 from __future__ import annotations
