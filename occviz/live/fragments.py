@@ -24,7 +24,7 @@ LOG_LINES = 20
 TEMPLATE = "live/job_live.html"
 PARTIALS = ("status", "figures", "state", "log")
 
-LogLine = tuple[int, str, str]  # (seq, kind, sentence)
+LogLine = tuple[int, str, str, str]  # (seq, kind, sentence, the kind's colour)
 
 
 def log_lines(spec: Scenario, events: Iterable[Mapping[str, Any]]) -> list[LogLine]:
@@ -36,11 +36,11 @@ def log_lines(spec: Scenario, events: Iterable[Mapping[str, Any]]) -> list[LogLi
         if kind is not None and kind.folds_into:
             index = open_lines.pop((event["actor"], event["op"], kind.folds_into), None)
             if index is not None:
-                seq, line_kind, line = lines[index]
-                lines[index] = (seq, line_kind, line + (fill(kind.fold, event, "") or ""))
+                seq, line_kind, line, color = lines[index]
+                lines[index] = (seq, line_kind, line + (fill(kind.fold, event, "") or ""), color)
                 continue
         open_lines[(event["actor"], event["op"], event["kind"])] = len(lines)
-        lines.append((event["seq"], event["kind"], spec.describe(event)))
+        lines.append((event["seq"], event["kind"], spec.describe(event), kind.color if kind else ""))
     return lines
 
 

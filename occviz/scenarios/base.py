@@ -251,6 +251,7 @@ class Scenario:
             "actors": self.actor_names(params),
             "actor_label": self.actor_label,
             "state_keys": list(self.state_keys),
+            "params": dict(params),
         }
 
     def shown_figures(self) -> list[Figure]:

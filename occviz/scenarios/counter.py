@@ -283,6 +283,8 @@ class CounterRace(Scenario):
     actors_param = "writers"
     state_keys = ("rows",)
     state_template = "scenarios/counter.html"
+    state_title = "Contended rows"
+    script = "occviz/scenarios/counter.js"
     kinds = (
         EventKind("read", "read", ("{who} read v{version_read} (value {value_read})",), "#8a94a6", "tick"),
         EventKind(
@@ -352,7 +354,7 @@ class CounterRace(Scenario):
         Figure("lock_timeouts", "lock timeouts", count=("lock_timeout",), shown=False),
         Figure("errors", "errors", count=("error",), shown=False),
         Figure("commits_per_s", "commits/s", per_second=("committed",)),
-        Figure("latency_ms", "latency (ms)", percentiles=("committed",)),
+        Figure("latency_ms", "latency p50 / p95 / p99 (ms)", percentiles=("committed",)),
         Figure("lost_updates", "lost updates", from_state=True, alarm=True),
     )
     rates = ("committed", "conflict")

@@ -1,6 +1,8 @@
 /* occviz pages: the live job page, replay and compare, wired to viz.js.
-   The job page follows the JSON event stream while the job runs, resuming with
-   ?after=<last seq seen> after a drop and reading any gap from events.json; for a
+   The job page follows its one socket, the JSON event stream with ?html=1: the
+   events feed the timeline and the rate chart, and each frame's server-rendered
+   fragments (figures, state, log, status) are swapped in by id. It resumes with
+   ?after=<last seq seen> after a drop and reads any gap from events.json; for a
    finished job, or when websockets fail, it reads the stored events over HTTP. */
 "use strict";
 
@@ -20,8 +22,8 @@
     });
   }
 
-  function modelFor(page) {
-    return new O.JobModel({ writers: Number(page.dataset.writers), initialValue: Number(page.dataset.initialValue) });
+  function modelFor() {
+    return new O.JobModel(O.Vocabulary.fromPage());
   }
 
   /** Redraw at most once per animation frame, however many frames arrive. */
@@ -41,18 +43,16 @@
 
   // What the job page and the replay page both draw into.
   function vizParts(page) {
+    const model = modelFor();
     return {
-      model: modelFor(page),
+      model,
       timeline: new O.Timeline(page.querySelector("[data-timeline]"), page.querySelector("[data-tooltip]")),
-      rates: new O.RateChart(page.querySelector("[data-rates]")),
-      countersEl: page.querySelector("[data-counters]"),
-      rowsEl: page.querySelector("[data-rows]"),
-      logEl: page.querySelector("[data-log]"),
+      rates: new O.RateChart(page.querySelector("[data-rates]"), model.vocabulary),
     };
   }
 
   function jobPage(page) {
-    const { model, timeline, rates, countersEl, rowsEl, logEl } = vizParts(page);
+    const { model, timeline, rates } = vizParts(page);
     const note = page.querySelector("[data-viz-note]");
     const eventsUrl = page.dataset.eventsUrl;
     let finished = page.dataset.finished === "1";
@@ -64,10 +64,6 @@
       const t0 = finished || t1 <= 10000 ? 0 : t1 - 10000;
       timeline.draw(model, { t0, t1, events: model.events });
       rates.draw(model.series());
-      // Without the live layer's server-rendered fragments the script keeps these parts itself.
-      if (countersEl) O.renderCounters(countersEl, model.totals());
-      if (rowsEl) O.renderRows(rowsEl, model.rows);
-      if (logEl) O.renderLog(logEl, model.events);
       // The last event drawn, readable from outside (tests, a curious user's dev tools).
       page.dataset.lastSeq = String(model.lastSeq);
       if (note && model.dropped) note.textContent = `The timeline shows the latest ${model.events.length} events; counters and rates count all ${model.lastSeq}.`;
@@ -120,7 +116,7 @@
 
     const connect = () => {
       const scheme = window.location.protocol === "https:" ? "wss" : "ws";
-      const socket = new WebSocket(`${scheme}://${window.location.host}${page.dataset.wsPath}?after=${model.lastSeq}`);
+      const socket = new WebSocket(`${scheme}://${window.location.host}${page.dataset.wsPath}?after=${model.lastSeq}&html=1`);
       let opened = false;
       socket.onopen = () => {
         opened = true;
@@ -133,6 +129,8 @@
         if (data.type === "hello") {
           fields = data.event_fields;
         } else if (data.type === "frame") {
+          // The server's fragments as of this frame: figures, state, log, status.
+          if (data.html) O.swapFragments(data.html);
           // Mapped to objects once, on receipt: everything after works on named fields.
           const events = fields && data.events ? O.eventsFromArrays(fields, data.events) : null;
           serial(async () => {
@@ -144,6 +142,7 @@
           });
         } else if (data.type === "end") {
           endSeen = true;
+          if (data.html) O.swapFragments(data.html);
           serial(() => catchUp(Infinity)).then(onEnd);
         }
       };
@@ -163,7 +162,10 @@
   }
 
   function replayPage(page) {
-    const { model, timeline, rates, countersEl, rowsEl, logEl } = vizParts(page);
+    const { model, timeline, rates } = vizParts(page);
+    const countersEl = page.querySelector("[data-counters]");
+    const stateEl = page.querySelector("[data-state]");
+    const logEl = page.querySelector("[data-log]");
     const play = page.querySelector("[data-play]");
     const speed = page.querySelector("[data-speed]");
     const scrub = page.querySelector("[data-scrub]");
@@ -199,9 +201,10 @@
       // The chart keeps the whole run's scale, so the lines grow into a fixed frame as time passes.
       const series = model.series(duration);
       rates.draw(series, { yMax, xMaxMs: duration, cursor: now });
-      O.renderCounters(countersEl, model.totals(now));
-      O.renderRows(rowsEl, model.rows);
-      O.renderLog(logEl, model.events);
+      O.renderFigures(countersEl, model.totals(now), model.vocabulary);
+      // The scenario's own script rebuilds its state at this moment (the counter's rows, a Lease).
+      if (stateEl && model.plugin.renderState) model.plugin.renderState(stateEl, model, now);
+      O.renderLog(logEl, model.events, model.vocabulary);
     };
     const schedule = scheduler(draw);
 
@@ -235,7 +238,7 @@
       all = collected.sort((a, b) => a.t_ms - b.t_ms || a.seq - b.seq);
       // Whole milliseconds: a slider's value may not round-trip a float exactly, and the end must show every event.
       duration = all.length ? Math.ceil(all[all.length - 1].t_ms) : 0;
-      const whole = modelFor(page);
+      const whole = modelFor();
       whole.add(collected.slice().sort((a, b) => a.seq - b.seq));
       fullRates = whole.series(duration);
       yMax = O.RateChart.maxRate(fullRates);
@@ -252,12 +255,14 @@
 
   function comparePage(container) {
     const data = JSON.parse(document.getElementById("compare-series").textContent);
-    const charts = [...container.querySelectorAll("[data-compare-chart]")].map((c) => new O.RateChart(c));
-    const xMaxMs = Math.max(...data.jobs.map((j) => Math.max(j.committed.length, j.conflict.length) * data.bin_ms));
+    const charts = [...container.querySelectorAll("[data-compare-chart]")].map(
+      (c, i) => new O.RateChart(c, new O.Vocabulary(data.scenarios[data.jobs[i].scenario]))
+    );
+    const series = data.jobs.map((j) => ({ bin_ms: data.bin_ms, rates: j.rates }));
+    const xMaxMs = Math.max(...series.map((s) => Math.max(0, ...Object.values(s.rates).map((v) => v.length)) * data.bin_ms));
     // One y scale for every chart: the highest rate any of the jobs reached.
-    const yMax = Math.max(...data.jobs.map((j) => O.RateChart.maxRate({ bin_ms: data.bin_ms, ...j })));
-    const draw = () =>
-      charts.forEach((chart, i) => chart.draw({ bin_ms: data.bin_ms, ...data.jobs[i] }, { yMax, xMaxMs }));
+    const yMax = Math.max(...series.map((s) => O.RateChart.maxRate(s)));
+    const draw = () => charts.forEach((chart, i) => chart.draw(series[i], { yMax, xMaxMs }));
     scheduler(draw)();
   }
 

@@ -1,27 +1,21 @@
 /* occviz visual pieces: a job's event model, the swimlane timeline, the rate chart,
-   counters, rows and the readable log. Plain JavaScript on <canvas>, no dependencies.
-   pages.js wires them to the live stream, the stored events, replay and compare. */
+   figures and the readable log. Plain JavaScript on <canvas>, no dependencies.
+
+   Nothing here knows a scenario: the server announces each scenario's vocabulary (its
+   event kinds with their sentence, colour and mark; its figures; its actors) in the
+   stream's hello and in the page (json_script "scenario-vocabulary"). A scenario may add
+   a script of its own that registers a plug-in (Occviz.plugins[name]) to draw on the
+   lanes or to rebuild its state in replay. pages.js wires these to the pages. */
 "use strict";
 
 (function () {
-  const KIND_STYLE = {
-    read: { color: "#8a94a6", label: "read" },
-    committed: { color: "#1a9e4b", label: "committed" },
-    conflict: { color: "#d62828", label: "conflict" },
-    retry: { color: "#f08c00", label: "retry wait" },
-    lock_wait: { color: "#1c64d6", label: "lock wait" },
-    serialization_failure: { color: "#8b3fd9", label: "serialization failure" },
-    gave_up: { color: "#111111", label: "gave up" },
-    deadlock: { color: "#7a1010", label: "deadlock" },
-    lock_timeout: { color: "#7a1010", label: "lock timeout" },
-    error: { color: "#7a1010", label: "error" },
-  };
-  const FAILURES = ["conflict", "serialization_failure", "deadlock", "lock_timeout"];
   const BASE_BIN_MS = 100;
   // Bin widths for the rate chart, so that it never has more than about 150 points (as the server's).
   const DISPLAY_BINS_MS = [100, 250, 500, 1000, 2000, 5000, 10000, 30000, 60000];
-  // The timeline keeps at most this many events; counters and rates keep counting beyond it.
+  // The timeline keeps at most this many events; figures and rates keep counting beyond it.
   const MAX_KEPT_EVENTS = 200000;
+  const FALLBACK_COLOR = "#7a1010";
+  const plugins = {};
 
   function displayBin(durationMs) {
     return DISPLAY_BINS_MS.find((b) => durationMs / b <= 150) || DISPLAY_BINS_MS[DISPLAY_BINS_MS.length - 1];
@@ -36,11 +30,85 @@
     return sorted[lo] + (sorted[hi] - sorted[lo]) * (pos - lo);
   }
 
+  // The same formatting as the server's (occviz/scenarios/base.py format_ms).
+  function fmtMs(ms) {
+    if (ms == null) return "–";
+    if (ms >= 10000) return (ms / 1000).toFixed(1) + " s";
+    if (ms >= 1000) return (ms / 1000).toFixed(2) + " s";
+    if (ms >= 10) return ms.toFixed(0) + " ms";
+    return ms.toFixed(1) + " ms";
+  }
+
+  const PLACEHOLDER = /\{([a-z_][a-z_.0-9]*)(?::(ms|s))?\}/g;
+
+  /** A scenario's vocabulary as the server declares it: kinds, figures, actors, sentences. */
+  class Vocabulary {
+    constructor(data) {
+      this.data = data || { kinds: [], figures: [], rates: [], actors: [], actor_label: "actor {n}", state_keys: [] };
+      this.name = this.data.name;
+      this.kinds = new Map(this.data.kinds.map((k) => [k.name, k]));
+      this.figures = this.data.figures;
+      this.rates = this.data.rates;
+      this.actors = this.data.actors || [];
+    }
+
+    static fromPage(id = "scenario-vocabulary") {
+      const el = document.getElementById(id);
+      return new Vocabulary(el ? JSON.parse(el.textContent) : null);
+    }
+
+    kind(name) {
+      return this.kinds.get(name) || { name, label: name, color: FALLBACK_COLOR, mark: "diamond", sentences: [] };
+    }
+
+    color(name) {
+      return this.kind(name).color;
+    }
+
+    actorName(n) {
+      return this.actors[n - 1] || this.data.actor_label.replace("{n}", String(n));
+    }
+
+    value(e, path, who) {
+      if (path === "who") return who;
+      if (path === "next_attempt") return e.attempt == null ? null : e.attempt + 1;
+      if (path.startsWith("detail.")) return (e.detail || {})[path.slice(7)];
+      return e[path];
+    }
+
+    /** A template filled with the event's values, or null if one is missing (the server's `fill`). */
+    fill(template, e, who) {
+      let missing = false;
+      const text = template.replace(PLACEHOLDER, (_, path, fmt) => {
+        const v = this.value(e, path, who);
+        if (v == null || v === "") {
+          missing = true;
+          return "";
+        }
+        if (fmt === "ms") return fmtMs(Number(v));
+        if (fmt === "s") return Number(v).toFixed(1) + " s";
+        return String(v);
+      });
+      return missing ? null : text;
+    }
+
+    /** One event as a sentence: the first of its kind's templates whose values are all there. */
+    sentence(e) {
+      const who = this.actorName(e.actor);
+      const kind = this.kind(e.kind);
+      for (const template of kind.sentences) {
+        const text = this.fill(template, e, who);
+        if (text != null) return text;
+      }
+      return `${who}: ${kind.label}`;
+    }
+  }
+
   /** Everything the pages show about a job, accumulated from its events in seq order. */
   class JobModel {
-    constructor({ writers, initialValue }) {
-      this.writers = Math.max(1, writers || 1);
-      this.initialValue = initialValue || 0;
+    constructor(vocabulary) {
+      this.vocabulary = vocabulary;
+      this.plugin = plugins[vocabulary.name] || {};
       this.reset();
     }
 
@@ -48,13 +116,20 @@
       this.events = [];
       this.lastSeq = 0;
       this.counts = {};
-      this.lockWaitMs = 0;
-      this.latencies = [];
-      this.sortedLatencies = null;
-      this.rows = new Map(); // row id -> {value, version}
-      this.bins = { committed: [], conflict: [] };
+      this.totalMs = {};
+      this.latencies = {};
+      this.sorted = {};
+      this.bins = {};
+      for (const kind of this.vocabulary.rates) this.bins[kind] = [];
       this.maxT = 0;
+      this.maxActor = this.vocabulary.actors.length;
       this.dropped = 0;
+      this.stateFigures = {};
+      if (this.plugin.reset) this.plugin.reset(this);
+    }
+
+    get lanes() {
+      return Math.max(1, this.maxActor);
     }
 
     add(events) {
@@ -79,16 +154,14 @@
       this.events.push(e);
       this.counts[e.kind] = (this.counts[e.kind] || 0) + 1;
       if (e.t_ms > this.maxT) this.maxT = e.t_ms;
-      if (e.kind === "lock_wait" && e.duration_ms) this.lockWaitMs += e.duration_ms;
-      if (e.kind === "committed") {
-        if (e.latency_ms != null) {
-          this.latencies.push(e.latency_ms);
-          this.sortedLatencies = null;
+      if (e.actor > this.maxActor) this.maxActor = e.actor;
+      for (const figure of this.vocabulary.figures) {
+        if (figure.total_ms.includes(e.kind) && e.duration_ms) {
+          this.totalMs[figure.key] = (this.totalMs[figure.key] || 0) + e.duration_ms;
         }
-        if (e.row != null && e.version_written != null) {
-          const row = this.rows.get(e.row);
-          // Writers commit out of t_ms order by a hair: the highest version is the row's state.
-          if (!row || e.version_written > row.version) this.rows.set(e.row, { value: e.value_written, version: e.version_written });
+        if (figure.percentiles.includes(e.kind) && e.latency_ms != null) {
+          (this.latencies[figure.key] = this.latencies[figure.key] || []).push(e.latency_ms);
+          this.sorted[figure.key] = null;
         }
       }
       if (e.kind in this.bins) {
@@ -97,40 +170,32 @@
         while (values.length <= bin) values.push(0);
         values[bin] += 1;
       }
+      if (this.plugin.add) this.plugin.add(this, e);
     }
 
-    count(kind) {
-      return this.counts[kind] || 0;
+    count(kinds) {
+      return kinds.reduce((n, k) => n + (this.counts[k] || 0), 0);
     }
 
+    /** The declared figures as of `elapsedMs` (the last event's time by default). */
     totals(elapsedMs) {
-      const committed = this.count("committed");
-      if (!this.sortedLatencies) this.sortedLatencies = this.latencies.slice().sort((a, b) => a - b);
-      let gained = 0;
-      for (const row of this.rows.values()) gained += row.value - this.initialValue;
       const ms = elapsedMs != null ? elapsedMs : this.maxT;
-      return {
-        attempts: committed + FAILURES.reduce((n, k) => n + this.count(k), 0),
-        committed,
-        conflicts: this.count("conflict"),
-        retries: this.count("retry"),
-        gave_up: this.count("gave_up"),
-        lock_waits: this.count("lock_wait"),
-        lock_wait_ms: this.lockWaitMs,
-        serialization_failures: this.count("serialization_failure"),
-        deadlocks: this.count("deadlock"),
-        commits_per_s: ms > 0 ? committed / (ms / 1000) : 0,
-        latency_ms: {
-          p50: percentile(this.sortedLatencies, 0.5),
-          p95: percentile(this.sortedLatencies, 0.95),
-          p99: percentile(this.sortedLatencies, 0.99),
-        },
-        // Every committed increment should have raised a row by one: the shortfall was erased.
-        lost_updates: committed - gained,
-      };
+      const fromState = this.plugin.stateFigures ? this.plugin.stateFigures(this) : this.stateFigures;
+      const totals = { events: this.events.length + this.dropped, elapsed_ms: ms };
+      for (const f of this.vocabulary.figures) {
+        if (f.count.length) totals[f.key] = this.count(f.count);
+        else if (f.per_second.length) totals[f.key] = ms > 0 ? this.count(f.per_second) / (ms / 1000) : 0;
+        else if (f.total_ms.length) totals[f.key] = this.totalMs[f.key] || 0;
+        else if (f.percentiles.length) {
+          if (!this.sorted[f.key]) this.sorted[f.key] = (this.latencies[f.key] || []).slice().sort((a, b) => a - b);
+          const s = this.sorted[f.key];
+          totals[f.key] = { p50: percentile(s, 0.5), p95: percentile(s, 0.95), p99: percentile(s, 0.99) };
+        } else if (f.from_state) totals[f.key] = fromState[f.key] != null ? fromState[f.key] : null;
+      }
+      return totals;
     }
 
-    /** Commits and conflicts per display bin, as a series for RateChart. */
+    /** Events per second of each rate kind, per display bin, as a series for RateChart. */
     series(durationMs) {
       const binMs = displayBin(durationMs != null ? durationMs : this.maxT);
       const per = binMs / BASE_BIN_MS;
@@ -143,7 +208,9 @@
         });
         return out;
       };
-      return { bin_ms: binMs, committed: fold(this.bins.committed), conflict: fold(this.bins.conflict) };
+      const rates = {};
+      for (const kind of this.vocabulary.rates) rates[kind] = fold(this.bins[kind]);
+      return { bin_ms: binMs, rates };
     }
   }
 
@@ -159,14 +226,6 @@
     const ctx = canvas.getContext("2d");
     ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
     return { ctx, width, height };
-  }
-
-  function fmtMs(ms) {
-    if (ms == null) return "–";
-    if (ms >= 10000) return (ms / 1000).toFixed(1) + " s";
-    if (ms >= 1000) return (ms / 1000).toFixed(2) + " s";
-    if (ms >= 10) return ms.toFixed(0) + " ms";
-    return ms.toFixed(1) + " ms";
   }
 
   function niceMax(v) {
@@ -191,7 +250,7 @@
   // to within a fraction of a millisecond; this much slack keeps the binary searches honest.
   const T_SLACK_MS = 5;
 
-  /** One lane per writer, time left to right; each kind of event its own mark. */
+  /** One lane per actor, time left to right; each kind of event its declared mark. */
   class Timeline {
     constructor(canvas, tooltip) {
       this.canvas = canvas;
@@ -203,53 +262,58 @@
       });
     }
 
-    layout(writers) {
-      const laneH = writers <= 8 ? 28 : writers <= 16 ? 18 : writers <= 32 ? 10 : 6;
-      return { top: 8, left: 86, laneH, height: 8 + writers * laneH + 24 };
+    layout(lanes) {
+      const laneH = lanes <= 8 ? 28 : lanes <= 16 ? 18 : lanes <= 32 ? 10 : 6;
+      return { top: 8, left: 96, laneH, height: 8 + lanes * laneH + 24 };
     }
 
     /** Draw `events` (sorted by t_ms) with t in [t0, t1]; `cursor`, if given, marks the moment shown. */
     draw(model, { t0, t1, events, cursor }) {
-      const lay = this.layout(model.writers);
+      const lanes = model.lanes;
+      const lay = this.layout(lanes);
       const { ctx, width, height } = setupCanvas(this.canvas, lay.height);
       const plotW = width - lay.left - 10;
       const span = Math.max(1, t1 - t0);
       const x = (t) => lay.left + ((t - t0) / span) * plotW;
-      this.view = { model, t0, t1, events, lay, x, plotW, span };
+      const laneY = (actor) => lay.top + (actor - 1) * lay.laneH;
+      this.view = { model, t0, t1, events, lay, x, plotW, span, laneY, lanes };
+      this.canvas.dataset.lanes = String(lanes);
       ctx.clearRect(0, 0, width, height);
       ctx.font = "12px system-ui, sans-serif";
       ctx.textBaseline = "middle";
-      for (let w = 1; w <= model.writers; w++) {
-        const y = lay.top + (w - 1) * lay.laneH;
+      for (let w = 1; w <= lanes; w++) {
+        const y = laneY(w);
         if (w % 2 === 0) {
           ctx.fillStyle = "#f3f5f8";
           ctx.fillRect(lay.left, y, plotW, lay.laneH);
         }
         if (lay.laneH >= 10 || w % 4 === 1) {
           ctx.fillStyle = "#4a5568";
-          ctx.fillText("writer " + w, 4, y + lay.laneH / 2);
+          ctx.fillText(model.vocabulary.actorName(w), 4, y + lay.laneH / 2);
         }
       }
-      this.drawAxis(ctx, lay, x, t0, t1, model.writers);
+      this.drawAxis(ctx, lay, x, t0, t1, lanes);
+      // A scenario's own drawing under the marks (leadership bands, say).
+      if (model.plugin.drawLanes) model.plugin.drawLanes(ctx, this.view);
       const from = firstAtOrAfter(events, t0 - T_SLACK_MS - 2000);
       for (let i = from; i < events.length; i++) {
         const e = events[i];
         if (e.t_ms > t1 + T_SLACK_MS) break;
-        if (e.actor < 1 || e.actor > model.writers) continue;
-        this.mark(ctx, e, x, lay.top + (e.actor - 1) * lay.laneH, lay.laneH, t0, t1);
+        if (e.actor < 1 || e.actor > lanes) continue;
+        this.mark(ctx, model.vocabulary.kind(e.kind), e, x, laneY(e.actor), lay.laneH, t0, t1);
       }
       if (cursor != null) {
         ctx.strokeStyle = "#111";
         ctx.lineWidth = 1.5;
         ctx.beginPath();
         ctx.moveTo(x(cursor), lay.top);
-        ctx.lineTo(x(cursor), lay.top + model.writers * lay.laneH);
+        ctx.lineTo(x(cursor), lay.top + lanes * lay.laneH);
         ctx.stroke();
       }
     }
 
-    drawAxis(ctx, lay, x, t0, t1, writers) {
-      const yAxis = lay.top + writers * lay.laneH;
+    drawAxis(ctx, lay, x, t0, t1, lanes) {
+      const yAxis = lay.top + lanes * lay.laneH;
       const step = niceMax((t1 - t0) / 8);
       ctx.fillStyle = "#4a5568";
       ctx.strokeStyle = "#d5dae1";
@@ -265,29 +329,23 @@
       ctx.textAlign = "left";
     }
 
-    mark(ctx, e, x, y, h, t0, t1) {
-      const style = KIND_STYLE[e.kind] || KIND_STYLE.error;
+    mark(ctx, kind, e, x, y, h, t0, t1) {
       const cx = x(e.t_ms);
       const cy = y + h / 2;
       const r = Math.max(2, Math.min(6, h / 3));
-      ctx.fillStyle = style.color;
-      ctx.strokeStyle = style.color;
+      ctx.fillStyle = kind.color;
+      ctx.strokeStyle = kind.color;
       ctx.lineWidth = 2;
-      switch (e.kind) {
-        case "read":
+      switch (kind.mark) {
+        case "tick":
           ctx.fillRect(cx - 0.5, y + h * 0.3, 1.5, h * 0.4);
           break;
-        case "committed":
+        case "dot":
           ctx.beginPath();
           ctx.arc(cx, cy, r, 0, 2 * Math.PI);
           ctx.fill();
-          if (e.detail && e.detail.overwrote) {
-            // A blind write that landed over newer versions: the updates it erased are lost.
-            ctx.strokeStyle = KIND_STYLE.conflict.color;
-            ctx.stroke();
-          }
           break;
-        case "conflict":
+        case "cross":
           ctx.beginPath();
           ctx.moveTo(cx - r, cy - r);
           ctx.lineTo(cx + r, cy + r);
@@ -295,21 +353,21 @@
           ctx.lineTo(cx - r, cy + r);
           ctx.stroke();
           break;
-        case "retry": {
-          // The wait before the next attempt, drawn forward from when it began.
+        case "bar-after": {
+          // A wait that began at the event, drawn forward.
           const end = Math.min(t1, e.t_ms + (e.duration_ms || 0));
           ctx.fillRect(cx, cy - 1.5, Math.max(2, x(end) - cx), 3);
           break;
         }
-        case "lock_wait": {
-          // Recorded when the lock was granted: the wait lies behind it.
+        case "bar-before": {
+          // Recorded when the wait ended: it lies behind.
           const start = Math.max(t0, e.t_ms - (e.duration_ms || 0));
           ctx.globalAlpha = 0.55;
           ctx.fillRect(x(start), y + h * 0.2, Math.max(2, cx - x(start)), h * 0.6);
           ctx.globalAlpha = 1;
           break;
         }
-        case "serialization_failure":
+        case "triangle":
           ctx.beginPath();
           ctx.moveTo(cx, cy - r);
           ctx.lineTo(cx + r, cy + r);
@@ -317,8 +375,18 @@
           ctx.closePath();
           ctx.fill();
           break;
-        case "gave_up":
+        case "square":
           ctx.fillRect(cx - r, cy - r, 2 * r, 2 * r);
+          break;
+        case "star":
+          ctx.beginPath();
+          for (let i = 0; i < 10; i++) {
+            const a = -Math.PI / 2 + (i * Math.PI) / 5;
+            const rr = i % 2 ? r * 0.45 : r * 1.2;
+            ctx.lineTo(cx + rr * Math.cos(a), cy + rr * Math.sin(a));
+          }
+          ctx.closePath();
+          ctx.fill();
           break;
         default:
           ctx.beginPath();
@@ -329,6 +397,14 @@
           ctx.closePath();
           ctx.fill();
       }
+      if (kind.ring_when && e.detail && e.detail[kind.ring_when]) {
+        // e.g. a blind write that landed over newer versions: the updates it erased are lost.
+        ctx.strokeStyle = "#d62828";
+        ctx.lineWidth = 2;
+        ctx.beginPath();
+        ctx.arc(cx, cy, r + 1.5, 0, 2 * Math.PI);
+        ctx.stroke();
+      }
     }
 
     hover(ev) {
@@ -338,7 +414,7 @@
       const px = ev.clientX - rect.left;
       const py = ev.clientY - rect.top;
       const actor = Math.floor((py - v.lay.top) / v.lay.laneH) + 1;
-      if (actor < 1 || actor > v.model.writers || px < v.lay.left) {
+      if (actor < 1 || actor > v.lanes || px < v.lay.left) {
         this.tooltip.hidden = true;
         return;
       }
@@ -352,8 +428,8 @@
         if (e.t_ms > t + tolerance + T_SLACK_MS) break;
         if (e.actor !== actor || e.t_ms > v.t1 + T_SLACK_MS) continue;
         const d = Math.abs(e.t_ms - t);
-        // A read sits under its commit on short jobs: prefer the outcome when both are this close.
-        const weight = e.kind === "read" ? d + tolerance / 3 : d;
+        // A tick (a read) sits under its outcome on short jobs: prefer the outcome when both are this close.
+        const weight = v.model.vocabulary.kind(e.kind).mark === "tick" ? d + tolerance / 3 : d;
         if (d <= tolerance && weight < bestD) {
           best = e;
           bestD = weight;
@@ -363,10 +439,13 @@
         this.tooltip.hidden = true;
         return;
       }
+      const vocabulary = v.model.vocabulary;
+      const kind = vocabulary.kind(best.kind);
       this.tooltip.innerHTML = "";
       const lines = [
-        [`#${best.seq} writer ${best.actor}: ${(KIND_STYLE[best.kind] || { label: best.kind }).label}`, true],
-        [`at ${fmtMs(best.t_ms)}, increment ${best.op}, attempt ${best.attempt}${best.row != null ? ", row " + best.row : ""}`],
+        [`#${best.seq} ${vocabulary.actorName(best.actor)}: ${kind.label}`, true],
+        [vocabulary.sentence(best)],
+        [`at ${fmtMs(best.t_ms)}, operation ${best.op}, attempt ${best.attempt}${best.row != null ? ", row " + best.row : ""}`],
       ];
       if (best.version_read != null || best.version_written != null) {
         lines.push([`version read ${best.version_read ?? "–"}, written ${best.version_written ?? "–"}`]);
@@ -376,12 +455,10 @@
       }
       if (best.duration_ms != null) lines.push([`took ${fmtMs(best.duration_ms)}`]);
       if (best.latency_ms != null) lines.push([`latency from first read ${fmtMs(best.latency_ms)}`]);
-      if (best.detail && best.detail.overwrote) lines.push([`overwrote ${best.detail.overwrote} newer version(s)`]);
-      if (best.kind === "conflict") {
-        // What the Kubernetes API answers such a write: HTTP 409, reason Conflict.
-        lines.push([`409 Conflict: Operation cannot be fulfilled on counters "${best.row}": the object has been modified`]);
+      if (kind.explain) {
+        const text = vocabulary.fill(kind.explain, best, vocabulary.actorName(best.actor));
+        if (text) lines.push([text]);
       }
-      if (best.detail && best.detail.message) lines.push([best.detail.message]);
       for (const [text, strong] of lines) {
         const div = document.createElement(strong ? "strong" : "div");
         div.textContent = text;
@@ -394,17 +471,19 @@
     }
   }
 
-  /** Commits (green) and conflicts (red) per second over time. */
+  /** Events per second over time, one line per rate kind, each in its kind's colour. */
   class RateChart {
-    constructor(canvas) {
+    constructor(canvas, vocabulary) {
       this.canvas = canvas;
+      this.vocabulary = vocabulary;
       // Read once: drawing changes the attribute to device pixels.
       this.cssHeight = Number(canvas.getAttribute("height")) || 200;
     }
 
     static maxRate(series) {
       const per = 1000 / series.bin_ms;
-      return Math.max(0, ...series.committed.map((n) => n * per), ...series.conflict.map((n) => n * per));
+      const all = Object.values(series.rates).flat();
+      return Math.max(0, ...all.map((n) => n * per));
     }
 
     /** `series` from JobModel.series or the compare view; yMax and xMaxMs let charts share a scale. */
@@ -415,7 +494,8 @@
       const top = 10;
       const plotW = width - left - 10;
       const per = 1000 / series.bin_ms;
-      const n = Math.max(series.committed.length, series.conflict.length);
+      const kinds = Object.keys(series.rates);
+      const n = Math.max(0, ...kinds.map((k) => series.rates[k].length));
       const xMax = Math.max(xMaxMs || 0, n * series.bin_ms, 1);
       const ymax = niceMax(yMax != null ? yMax : RateChart.maxRate(series));
       const x = (t) => left + (t / xMax) * plotW;
@@ -438,20 +518,25 @@
       ctx.textAlign = "center";
       const step = niceMax(xMax / 8);
       for (let t = 0; t <= xMax; t += step) ctx.fillText(fmtMs(t), x(t), bottom + 12);
-      const line = (values, color) => {
+      ctx.textAlign = "left";
+      let labelX = left + 8;
+      for (const kind of kinds) {
+        const color = this.vocabulary.color(kind);
         ctx.strokeStyle = color;
         ctx.lineWidth = 2.5;
         ctx.beginPath();
-        values.forEach((count, i) => {
+        series.rates[kind].forEach((count, i) => {
           const px = x((i + 0.5) * series.bin_ms);
           const py = y(count * per);
           if (i === 0) ctx.moveTo(px, py);
           else ctx.lineTo(px, py);
         });
         ctx.stroke();
-      };
-      line(series.committed, KIND_STYLE.committed.color);
-      line(series.conflict, KIND_STYLE.conflict.color);
+        const label = this.vocabulary.kind(kind).label + "/s";
+        ctx.fillStyle = color;
+        ctx.fillText(label, labelX, top + 8);
+        labelX += ctx.measureText(label).width + 16;
+      }
       if (cursor != null) {
         ctx.strokeStyle = "#111";
         ctx.lineWidth = 1.5;
@@ -460,117 +545,50 @@
         ctx.lineTo(x(cursor), bottom);
         ctx.stroke();
       }
-      ctx.textAlign = "left";
-      ctx.fillStyle = KIND_STYLE.committed.color;
-      ctx.fillText("commits/s", left + 8, top + 8);
-      ctx.fillStyle = KIND_STYLE.conflict.color;
-      ctx.fillText("conflicts/s", left + 90, top + 8);
     }
   }
 
-  const COUNTERS = [
-    ["attempts", "attempts"],
-    ["committed", "commits"],
-    ["conflicts", "conflicts"],
-    ["retries", "retries"],
-    ["gave_up", "give-ups"],
-    ["lock_waits", "lock waits"],
-    ["lock_wait_ms", "lock wait"],
-    ["serialization_failures", "serialization failures"],
-    ["lost_updates", "lost updates"],
-    ["commits_per_s", "commits / s"],
-    ["p50", "latency p50"],
-    ["p95", "latency p95"],
-    ["p99", "latency p99"],
-  ];
+  function figureText(figure, value) {
+    if (value == null) return "–";
+    if (figure.percentiles.length) return [value.p50, value.p95, value.p99].map(fmtMs).join(" / ");
+    if (figure.total_ms.length) return fmtMs(value);
+    if (figure.per_second.length) return value.toFixed(value >= 100 ? 0 : 1);
+    return String(value);
+  }
 
-  function renderCounters(el, totals) {
+  /** The figures panel (replay): one box per shown figure, in the declared order. */
+  function renderFigures(el, totals, vocabulary) {
+    const shown = vocabulary.figures.filter((f) => f.shown);
     if (!el.firstChild) {
-      for (const [key, label] of COUNTERS) {
+      for (const figure of shown) {
         const box = document.createElement("div");
         box.className = "counter";
-        box.dataset.counter = key;
+        box.dataset.counter = figure.key;
         box.innerHTML = '<span class="value">–</span><span class="label"></span>';
-        box.querySelector(".label").textContent = label;
+        box.querySelector(".label").textContent = figure.label;
         el.appendChild(box);
       }
     }
-    for (const [key] of COUNTERS) {
-      const box = el.querySelector(`[data-counter="${key}"]`);
-      let value;
-      if (key.startsWith("p")) value = fmtMs(totals.latency_ms[key]);
-      else if (key === "lock_wait_ms") value = fmtMs(totals.lock_wait_ms);
-      else if (key === "commits_per_s") value = totals.commits_per_s.toFixed(totals.commits_per_s >= 100 ? 0 : 1);
-      else value = String(totals[key]);
-      box.querySelector(".value").textContent = value;
-      box.classList.toggle("alarm", key === "lost_updates" && totals.lost_updates > 0);
+    for (const figure of shown) {
+      const box = el.querySelector(`[data-counter="${figure.key}"]`);
+      const value = totals[figure.key];
+      box.querySelector(".value").textContent = figureText(figure, value);
+      box.classList.toggle("alarm", Boolean(figure.alarm && value > 0));
     }
   }
 
-  function renderRows(el, rows) {
-    if (!rows.size) return;
-    const table = document.createElement("table");
-    table.className = "rows";
-    table.innerHTML = '<thead><tr><th scope="col">row</th><th scope="col" class="num">value</th><th scope="col" class="num">version</th></tr></thead>';
-    const body = document.createElement("tbody");
-    const ids = [...rows.keys()].sort((a, b) => a - b).slice(0, 64);
-    for (const id of ids) {
-      const row = rows.get(id);
-      const tr = document.createElement("tr");
-      for (const [text, cls] of [["#" + id, ""], [row.value, "num"], ["v" + row.version, "num"]]) {
-        const td = document.createElement("td");
-        td.textContent = text;
-        if (cls) td.className = cls;
-        tr.appendChild(td);
-      }
-      body.appendChild(tr);
-    }
-    table.appendChild(body);
-    el.replaceChildren(table);
-  }
-
-  /** One event as a sentence a class can read aloud. */
-  function describe(e) {
-    const w = "writer " + e.actor;
-    const at = e.row != null ? ` row ${e.row}` : "";
-    switch (e.kind) {
-      case "read":
-        return `${w} read${at} v${e.version_read} (value ${e.value_read})`;
-      case "committed":
-        if (e.detail && e.detail.overwrote) {
-          return `${w} blind-wrote v${e.version_written} (value ${e.value_written}) over ${e.detail.overwrote} newer version(s): their updates are lost`;
-        }
-        return `${w} committed v${e.version_written} (value ${e.value_written})${e.attempt > 1 ? ` on attempt ${e.attempt}` : ""}`;
-      case "conflict":
-        return `${w}'s write expected v${e.version_read} and matched 0 rows: conflict`;
-      case "retry":
-        return `${w} retries (attempt ${(e.detail && e.detail.next_attempt) || e.attempt + 1}) in ${fmtMs(e.duration_ms)}`;
-      case "lock_wait":
-        return `${w} waited ${fmtMs(e.duration_ms)} for the row lock${at}`;
-      case "serialization_failure":
-        return `${w}: could not serialize access (SQLSTATE 40001)`;
-      case "gave_up":
-        return `${w} gave up after ${e.attempt} attempts`;
-      case "deadlock":
-        return `${w}: deadlock detected (40P01)`;
-      case "lock_timeout":
-        return `${w}: lock timeout (55P03)`;
-      default:
-        return `${w}: ${e.kind}${e.detail && e.detail.message ? " " + e.detail.message : ""}`;
-    }
-  }
-
-  function renderLog(el, events, count) {
+  function renderLog(el, events, vocabulary, count) {
     const latest = events.slice(-(count || 40)).reverse();
     el.replaceChildren(
       ...latest.map((e) => {
         const li = document.createElement("li");
         li.className = "k-" + e.kind;
+        li.style.setProperty("--kind", vocabulary.color(e.kind));
         li.value = e.seq;
         const t = document.createElement("span");
         t.className = "t";
         t.textContent = fmtMs(e.t_ms);
-        li.append(t, " " + describe(e));
+        li.append(t, " " + vocabulary.sentence(e));
         return li;
       })
     );
@@ -606,18 +624,29 @@
     return page;
   }
 
+  /** Swap in the server-rendered fragments of a frame: each top-level element replaces the one with its id. */
+  function swapFragments(html) {
+    const template = document.createElement("template");
+    template.innerHTML = html;
+    for (const fresh of [...template.content.children]) {
+      const current = fresh.id && document.getElementById(fresh.id);
+      if (current) current.replaceWith(fresh);
+    }
+  }
+
   window.Occviz = {
+    Vocabulary,
     JobModel,
     Timeline,
     RateChart,
-    renderCounters,
-    renderRows,
+    renderFigures,
     renderLog,
-    describe,
     fetchJSON,
     loadEvents,
     eventsFromArrays,
+    swapFragments,
     fmtMs,
     displayBin,
+    plugins,
   };
 })();

@@ -28,7 +28,7 @@ def sign_in(page: Page, app_url: str, user: User) -> None:
 
 
 def counter(page: Page, name: str) -> int:
-    text = page.locator(f'#live-counters [data-counter="{name}"]').inner_text()
+    text = page.locator(f'#live-figures [data-counter="{name}"]').inner_text()
     return int(text.strip()) if text.strip().lstrip("-").isdigit() else -1
 
 
@@ -119,7 +119,7 @@ def test_a_lost_update_demo_reports_the_lost_updates(page: Page, app_url: str, t
     job = Job.objects.get(pk=int(page.url.rstrip("/").rsplit("/", 1)[1]))
     lost = job.summary["lost_updates"]  # type: ignore[index]
     assert lost > 0
-    expect(page.locator('#live-counters [data-counter="lost_updates"]')).to_have_text(str(lost))
+    expect(page.locator('#live-figures [data-counter="lost_updates"]')).to_have_text(str(lost))
     page.screenshot(path=str(artifacts / "lost-updates.png"), full_page=True)
     # The home page lists it with its verdict and its losses.
     page.goto(f"{app_url}/")
