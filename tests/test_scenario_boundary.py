@@ -17,12 +17,12 @@ from django import forms
 from django.core.management import call_command
 from django.db import connections
 
-from occviz.jobs.models import Job
+from occviz.jobs.models import Event, Job, JobControl
 from occviz.jobs.registry import ParamsError
 from occviz.jobs.runner import JobContext, run_job
 from occviz.jobs.tasks import create_job
 from occviz.scenarios import SCENARIOS, register, unregister
-from occviz.scenarios.base import ERROR, EventKind, Figure, Scenario, State
+from occviz.scenarios.base import ERROR, Control, EventKind, Figure, Scenario, State
 from tests.test_live_stream import messages_until_close, session_cookie, socket  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -55,8 +55,10 @@ class Rally(Scenario):
     kinds = (
         EventKind("hit", "hit", ("{who} hit the ball for stroke {value_written}",), "#0a7", "dot"),
         EventKind("miss", "miss", ("{who} missed stroke {value_read}",), "#c00", "cross"),
+        EventKind("foul", "foul", ("{who} was called for a foul",), "#fa0", "star"),
         ERROR,
     )
+    controls = (Control("foul", "Foul", "Call a foul on this player."),)
     figures = (
         Figure("hits", "hits", count=("hit",)),
         Figure("misses", "misses", count=("miss",), alarm=True),
@@ -70,6 +72,13 @@ class Rally(Scenario):
         job_id = context.job.pk
         _strokes[job_id] = 0
         lock = threading.Lock()
+
+        def referee(action: str, actor: int | None, seconds: float | None) -> None:
+            if actor is None or actor > context.params["players"]:
+                raise ValueError(f"no player {actor}")
+            context.recorder.record(actor, 0, 1, "foul")
+
+        context.on_control(referee)
 
         def player(number: int) -> Any:
             def act(ready: Any) -> None:
@@ -127,7 +136,7 @@ async def test_a_scenario_declared_in_a_test_reaches_the_stream(rally: Rally, se
     assert code == 1000
     vocabulary = hello["scenario"]
     assert vocabulary["name"] == "rally"
-    assert [kind["name"] for kind in vocabulary["kinds"]] == ["hit", "miss", "error"]
+    assert [kind["name"] for kind in vocabulary["kinds"]] == ["hit", "miss", "foul", "error"]
     assert vocabulary["kinds"][0]["sentences"] == ["{who} hit the ball for stroke {value_written}"]
     assert [figure["key"] for figure in vocabulary["figures"]] == ["hits", "misses", "hits_per_s", "strokes"]
     assert vocabulary["actors"] == ["player 1", "player 2", "player 3"]
@@ -178,3 +187,36 @@ def test_runjob_builds_its_flags_from_the_form(rally: Rally, capsys: pytest.Capt
     call_command("runjob", "rally", "--players", "2", "--rallies", "5", "--json")
     assert '"strokes": 10' in capsys.readouterr().out
     assert "rally" in SCENARIOS
+
+
+def test_a_control_reaches_the_running_program_once(rally: Rally, signed_in: Any, alice: Any) -> None:
+    job = create_job("rally", {"players": 2, "rallies": 400}, alice)
+    runner = threading.Thread(target=run_in_thread, args=(job.pk,))
+    runner.start()
+    try:
+        deadline = time.monotonic() + 10
+        while Job.objects.get(pk=job.pk).status != Job.Status.RUNNING and time.monotonic() < deadline:
+            time.sleep(0.02)
+        response = signed_in.post(f"/jobs/{job.pk}/control/", {"action": "foul", "actor": "2"}, HTTP_HX_REQUEST="true")
+        assert response.status_code == 202
+        assert "Sent: foul player 2." in response.content.decode()
+        refused = signed_in.post(f"/jobs/{job.pk}/control/", {"action": "foul", "actor": "9"})
+        assert refused.status_code == 400 and "one of the job's 2 actors" in refused.content.decode()
+        unknown = signed_in.post(f"/jobs/{job.pk}/control/", {"action": "dive", "actor": "1"})
+        assert unknown.status_code == 400 and "it offers: foul" in unknown.content.decode()
+    finally:
+        runner.join(30)
+    job.refresh_from_db()
+    fouls = Event.objects.filter(job=job, kind="foul")
+    assert [(event.actor, event.kind) for event in fouls] == [(2, "foul")], "delivered once, to its actor"
+    control = JobControl.objects.get(job=job)
+    assert control.applied_at is not None and control.outcome == ""
+
+
+def test_a_control_on_a_finished_job_is_refused_and_changes_nothing(rally: Rally, signed_in: Any, alice: Any) -> None:
+    job = run_job(create_job("rally", {"rallies": 3}, alice).pk)
+    response = signed_in.post(f"/jobs/{job.pk}/control/", {"action": "foul", "actor": "1"})
+    assert response.status_code == 409
+    assert f"job {job.pk} is succeeded: controls apply only while it runs" in response.content.decode()
+    assert not JobControl.objects.filter(job=job).exists()
+    assert Job.objects.get(pk=job.pk).controls_requested == 0

@@ -11,7 +11,8 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
-from django.db import models
+from django.db import models, transaction
+from django.db.models import F
 from django.utils import timezone
 
 
@@ -30,6 +31,9 @@ class Job(models.Model):
     params = models.JSONField(default=dict)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
     cancel_requested = models.BooleanField(default=False)
+    controls_requested = models.PositiveIntegerField(
+        default=0, help_text="How many JobControls were asked for: the runner fetches them when this moves."
+    )
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
     created_at = models.DateTimeField(default=timezone.now)
     started_at = models.DateTimeField(null=True, blank=True)
@@ -66,6 +70,49 @@ class Job(models.Model):
             return
         Job.objects.filter(pk=self.pk, status=self.Status.RUNNING).update(cancel_requested=True)
         self.refresh_from_db(fields=["status", "cancel_requested"])
+
+    def request_control(
+        self, action: str, actor: int | None = None, seconds: float | None = None, user: Any = None
+    ) -> JobControl:
+        """Ask the running job to apply a control; JobNotRunning (and nothing stored) if it is not running."""
+        with transaction.atomic():
+            # The count moves only while the job runs: a job that ended meanwhile gets no control.
+            moved = Job.objects.filter(pk=self.pk, status=self.Status.RUNNING).update(
+                controls_requested=F("controls_requested") + 1
+            )
+            if not moved:
+                self.refresh_from_db(fields=["status"])
+                raise JobNotRunning(f"job {self.pk} is {self.status}: controls apply only while it runs")
+            return JobControl.objects.create(job=self, action=action, actor=actor, seconds=seconds, requested_by=user)
+
+
+class JobNotRunning(Exception):
+    """A control was asked of a job that is not running."""
+
+
+class JobControl(models.Model):
+    """A failure control asked for while a job runs (kill a leader, pause it...), delivered once to its program.
+
+    The view stores it and bumps `Job.controls_requested` in one transaction; the job's
+    recorder reads that count with the cancel flag every tick, and the runner hands each
+    new control to the program, marking it applied by compare-and-swap so it runs once.
+    """
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="controls")
+    action = models.CharField(max_length=32)
+    actor = models.IntegerField(null=True, blank=True, help_text="The actor it targets, if any.")
+    seconds = models.FloatField(null=True, blank=True)
+    requested_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    requested_at = models.DateTimeField(default=timezone.now)
+    applied_at = models.DateTimeField(null=True, blank=True)
+    outcome = models.TextField(blank=True, help_text="Why it could not be applied, if it could not.")
+
+    class Meta:
+        ordering = ["job", "id"]
+
+    def __str__(self) -> str:
+        target = f" actor {self.actor}" if self.actor is not None else ""
+        return f"job {self.job_id}: {self.action}{target}"
 
 
 class EventBatch(models.Model):

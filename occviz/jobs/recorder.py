@@ -6,7 +6,7 @@ drains it every `interval` seconds, numbers the events with the job's sequence,
 stores them as one EventBatch row (an array per column) and moves `Job.last_seq` in
 the same transaction, so a reader that sees `last_seq = n` finds every event up to n.
 The same statement reads the job's cancel flag, which is how a cancel reaches the
-actors (`on_cancel`).
+actors (`on_cancel`), and its count of requested controls (`on_controls` when it moves).
 """
 
 from __future__ import annotations
@@ -111,6 +111,8 @@ class EventRecorder:
         self.interval = interval
         self.last_seq = last_seq
         self.on_cancel: Callable[[], None] = lambda: None
+        self.on_controls: Callable[[], None] = lambda: None
+        self.controls_seen = 0
         self.listeners: list[FlushListener] = []
         self._queue: deque[tuple[Any, ...]] = deque()
         self._t0 = time.perf_counter()
@@ -218,11 +220,13 @@ class EventRecorder:
                     cursor.execute("SET LOCAL synchronous_commit = off")
                     _insert_batch(self.job_id, seq_from, seq_to, columns)
                     cursor.execute(
-                        "UPDATE jobs_job SET last_seq = %s WHERE id = %s RETURNING cancel_requested",
+                        "UPDATE jobs_job SET last_seq = %s WHERE id = %s RETURNING cancel_requested, controls_requested",
                         [seq_to, self.job_id],
                     )
                 else:
-                    cursor.execute("SELECT cancel_requested FROM jobs_job WHERE id = %s", [self.job_id])
+                    cursor.execute(
+                        "SELECT cancel_requested, controls_requested FROM jobs_job WHERE id = %s", [self.job_id]
+                    )
                 row = cursor.fetchone()
                 if row is None:
                     # The job was deleted while it ran: its events have nothing to belong to,
@@ -239,6 +243,9 @@ class EventRecorder:
             raise
         if row[0]:
             self.on_cancel()
+        if row[1] > self.controls_seen:
+            self.controls_seen = row[1]
+            self.on_controls()
         if not recorded:
             return
         self.last_seq = seq_to

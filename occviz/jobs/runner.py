@@ -20,7 +20,7 @@ from django.db import connections
 from django.utils import timezone
 
 from occviz.jobs.affinity import one_cpu, quick_handoffs
-from occviz.jobs.models import Job
+from occviz.jobs.models import Job, JobControl
 from occviz.jobs.recorder import EventRecorder
 from occviz.jobs.registry import observers_for, program
 
@@ -28,6 +28,8 @@ logger = logging.getLogger(__name__)
 
 # An actor prepares (connects), then calls `ready()` and waits with all the others.
 Actor = Callable[[Callable[[], object]], None]
+# A control asked for while the job runs: (action, target actor or None, seconds or None).
+ControlHandler = Callable[[str, int | None, float | None], None]
 
 
 class JobContext:
@@ -41,7 +43,31 @@ class JobContext:
         self.stop_reason = ""
         self.errors: list[str] = []
         self.elapsed_s = 0.0
+        self._control_handler: ControlHandler | None = None
         recorder.on_cancel = lambda: self.request_stop("cancelled")
+        recorder.controls_seen = job.controls_requested
+        recorder.on_controls = self.deliver_controls
+
+    def on_control(self, handler: ControlHandler) -> None:
+        """Controls asked for while the job runs go to `handler(action, actor, seconds)`; a ValueError refuses one."""
+        self._control_handler = handler
+
+    def deliver_controls(self) -> None:
+        """Hand each control not yet applied to the program, once (called from the recorder's thread)."""
+        for control in JobControl.objects.filter(job_id=self.job.pk, applied_at=None).order_by("id"):
+            # Applied by compare-and-swap: two deliveries never apply the same control twice.
+            if not JobControl.objects.filter(pk=control.pk, applied_at=None).update(applied_at=timezone.now()):
+                continue
+            outcome = ""
+            if self._control_handler is None or self.stop.is_set():
+                outcome = "the job takes no controls now"
+            else:
+                try:
+                    self._control_handler(control.action, control.actor, control.seconds)
+                except ValueError as refused:
+                    outcome = str(refused)
+            if outcome:
+                JobControl.objects.filter(pk=control.pk).update(outcome=outcome)
 
     def request_stop(self, reason: str) -> None:
         if not self.stop.is_set():

@@ -31,7 +31,18 @@ from occviz.jobs.registry import ParamsError
 if TYPE_CHECKING:
     from occviz.jobs.runner import JobContext
 
-__all__ = ["ERROR", "EventKind", "Figure", "ParamsError", "Preset", "Scenario", "State", "check_limit", "limit"]
+__all__ = [
+    "ERROR",
+    "Control",
+    "EventKind",
+    "Figure",
+    "ParamsError",
+    "Preset",
+    "Scenario",
+    "State",
+    "check_limit",
+    "limit",
+]
 
 # Marks the timeline knows how to draw (static/occviz/viz.js).
 MARKS = ("tick", "dot", "cross", "bar-after", "bar-before", "triangle", "square", "diamond", "star")
@@ -154,6 +165,20 @@ class Preset:
     params: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Control:
+    """A failure control a person can apply while the job runs (a button on each actor's row, or one for the job)."""
+
+    action: str
+    label: str
+    help: str
+    per_actor: bool = True
+    adds_actor: bool = False
+    """The control starts a new actor (its row appears once the control is applied)."""
+    seconds: tuple[float, float] | None = None
+    """The control lasts a number of seconds, within this range (a clock skew may be negative)."""
+
+
 @dataclass
 class State:
     """A job's contended objects as they are now: `data` goes into each frame, `figures` into its totals."""
@@ -187,6 +212,8 @@ class Scenario:
     """A static script of the scenario's own (marks or a chart of its own), or ''."""
     compared: tuple[tuple[str, str], ...] = ()
     """Summary keys shown side by side in compare, with their labels."""
+    controls: tuple[Control, ...] = ()
+    """What a person can do to the job while it runs; `run()` takes them with `context.on_control`."""
     list_params: tuple[str, ...] = ()
     """Parameters given as several words on the command line (`--skew replica-2=30 replica-3=-5`)."""
     state_title = "Contended objects"
@@ -253,6 +280,13 @@ class Scenario:
             "state_keys": list(self.state_keys),
             "params": dict(params),
         }
+
+    def control(self, action: str) -> Control | None:
+        return next((control for control in self.controls if control.action == action), None)
+
+    def control_seconds(self, action: str, params: Mapping[str, Any]) -> float | None:
+        """How long a control with a duration lasts when the button is pressed (pause, cut-off)."""
+        return None
 
     def shown_figures(self) -> list[Figure]:
         return [figure for figure in self.figures if figure.shown]

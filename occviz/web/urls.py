@@ -15,6 +15,7 @@ urlpatterns = [
     path("jobs/compare/", views.job_compare, name="job_compare"),
     path("jobs/<int:job_id>/", views.job_detail, name="job_detail"),
     path("jobs/<int:job_id>/cancel/", views.job_cancel, name="job_cancel"),
+    path("jobs/<int:job_id>/control/", views.job_control, name="job_control"),
     path("jobs/<int:job_id>/events.json", views.job_events, name="job_events"),
     path("jobs/<int:job_id>/summary.json", views.job_summary, name="job_summary"),
     path("jobs/<int:job_id>/export.<str:fmt>", views.job_export, name="job_export"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -24,7 +25,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from django_htmx.http import HttpResponseClientRedirect
 from django_htmx.middleware import HtmxDetails
 
-from occviz.jobs.models import Job
+from occviz.jobs.models import Job, JobControl, JobNotRunning
 from occviz.jobs.registry import ParamsError
 from occviz.jobs.tasks import launch
 from occviz.live import fragments
@@ -138,9 +139,23 @@ def job_new(request: HtmxHttpRequest, scenario: str) -> HttpResponse:
     return render(request, "web/job_new.html", context, status=400 if form.is_bound else 200)
 
 
-def _job_context(request: HttpRequest, job: Job) -> dict[str, Any]:
+def _actor_rows(spec: Scenario | None, job: Job) -> list[tuple[int, str]]:
+    """(number, name) of the job's actors: those its parameters start, and those controls added since."""
+    if spec is None:
+        return []
+    names = spec.actor_names(job.params)
+    adding = [control.action for control in spec.controls if control.adds_actor]
+    if adding:
+        added = JobControl.objects.filter(job=job, action__in=adding, outcome="").exclude(applied_at=None).count()
+        names += [spec.actor_name(n) for n in range(len(names) + 1, len(names) + added + 1)]
+    return list(enumerate(names, start=1))
+
+
+def _job_context(request: HttpRequest, job: Job, control_note: str = "") -> dict[str, Any]:
     spec = _spec(job)
     return {
+        "actor_rows": _actor_rows(spec, job) if spec and spec.controls and not job.is_finished else [],
+        "control_note": control_note,
         "job": job,
         "spec": spec,
         "setup": spec.setup(job.params) if spec else "",
@@ -157,8 +172,8 @@ def job_detail(request: HtmxHttpRequest, job_id: int) -> HttpResponse:
     job = get_object_or_404(Job.objects.select_related("created_by"), pk=job_id)
     context = _job_context(request, job)
     # The page's script asks for the controls again when the job ends (no more cancel button).
-    if request.htmx and request.htmx.target == "controls":
-        return render(request, "web/job_detail.html#controls", context)
+    if request.htmx and request.htmx.target in ("controls", "actor-controls"):
+        return render(request, f"web/job_detail.html#{request.htmx.target}", context)
     return render(request, "web/job_detail.html", {**context, "live": fragments.first_render_context(job_state(job))})
 
 
@@ -173,6 +188,63 @@ def job_cancel(request: HtmxHttpRequest, job_id: int) -> HttpResponse:
     if request.htmx:
         return render(request, "web/job_detail.html#controls", _job_context(request, job))
     return redirect("job_detail", job_id=job.pk)
+
+
+@require_POST
+@login_required
+def job_control(request: HtmxHttpRequest, job_id: int) -> HttpResponse:
+    """Apply a failure control to a running job (kill a leader, pause it...): 202, or why not, changing nothing."""
+    job = get_object_or_404(Job, pk=job_id)
+    if not _may_control(request, job):
+        return HttpResponseForbidden("Only whoever launched this job, or staff, may control it.")
+    spec = _spec(job)
+    try:
+        action, actor, seconds = _control_request(request, job, spec)
+        job.request_control(action, actor, seconds, request.user)
+    except ValueError as refused:
+        return HttpResponse(str(refused), status=400, content_type="text/plain; charset=utf-8")
+    except JobNotRunning as refused:
+        return HttpResponse(str(refused), status=409, content_type="text/plain; charset=utf-8")
+    target = f" {spec.actor_name(actor)}" if spec and actor is not None else ""
+    note = f"Sent: {action}{target}{f' for {seconds:g} s' if seconds else ''}."
+    if request.htmx:
+        return render(request, "web/job_detail.html#actor-controls", _job_context(request, job, note), status=202)
+    return redirect("job_detail", job_id=job.pk)
+
+
+def _control_request(request: HttpRequest, job: Job, spec: Scenario | None) -> tuple[str, int | None, float | None]:
+    """The control asked for, validated against what the job's scenario offers (ValueError says what is wrong)."""
+    action = request.POST.get("action", "")
+    control = spec.control(action) if spec else None
+    if spec is None or control is None:
+        offered = ", ".join(c.action for c in spec.controls) if spec and spec.controls else "none"
+        raise ValueError(f"unknown control {action!r} for this job (it offers: {offered})")
+    actor = None
+    if control.per_actor:
+        raw = request.POST.get("actor", "")
+        known = len(_actor_rows(spec, job))
+        if not (raw.isascii() and raw.isdigit() and 1 <= int(raw) <= known):
+            raise ValueError(f"actor={raw!r}: give the number of one of the job's {known} actors")
+        actor = int(raw)
+    if control.seconds is None:
+        return action, actor, None
+    low, high = control.seconds
+    raw_seconds = request.POST.get("seconds", "")
+    seconds = spec.control_seconds(action, job.params) if raw_seconds == "" else _seconds(raw_seconds)
+    if seconds is None or not low <= seconds <= high:
+        raise ValueError(f"seconds={raw_seconds!r}: give a number of seconds from {low:g} to {high:g}")
+    return action, actor, seconds
+
+
+def _seconds(raw: str) -> float | None:
+    """ASCII digits only: float() would also take '٣'."""
+    if not raw.isascii():
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
 
 
 def _int_param(request: HttpRequest, name: str, default: int, low: int, high: int) -> int:

@@ -91,8 +91,8 @@
       schedule();
       // The controls are server-rendered: ask for the finished version, without the cancel button.
       // (The verdict arrives through the live layer's status fragment.)
-      if (window.htmx && document.getElementById("controls")) {
-        htmx.ajax("GET", window.location.pathname, { target: "#controls", swap: "outerHTML" });
+      for (const id of ["controls", "actor-controls"]) {
+        if (window.htmx && document.getElementById(id)) htmx.ajax("GET", window.location.pathname, { target: "#" + id, swap: "outerHTML" });
       }
     };
 
