@@ -220,7 +220,8 @@ class EventRecorder:
                     cursor.execute("SET LOCAL synchronous_commit = off")
                     _insert_batch(self.job_id, seq_from, seq_to, columns)
                     cursor.execute(
-                        "UPDATE jobs_job SET last_seq = %s WHERE id = %s RETURNING cancel_requested, controls_requested",
+                        "UPDATE jobs_job SET last_seq = %s WHERE id = %s "
+                        "RETURNING cancel_requested, controls_requested",
                         [seq_to, self.job_id],
                     )
                 else:
