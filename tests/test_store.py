@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Iterator
+from datetime import datetime, timedelta
 
 import pytest
 from django.contrib.auth.models import User
+from django.db import connection
 from django.test import Client
 
-from occviz.store.cas import ANY, Add, compare_and_swap
+from occviz.store.cas import ANY, NOW, Add, compare_and_swap
 from occviz.store.models import Counter, Lease, VersionConflict
+from occviz.store.session import PreparedSession
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -85,3 +90,65 @@ def test_an_admin_edit_goes_through_compare_and_swap() -> None:
     assert response.status_code == 302
     counter.refresh_from_db()
     assert (counter.value, counter.resource_version) == (42, 2)
+
+
+@pytest.fixture(params=["django cursor", "prepared session"])
+def cursor(request: pytest.FixtureRequest) -> Iterator[PreparedSession | None]:
+    """What a compare-and-swap runs on: Django's own cursor (None), or a writer's PreparedSession."""
+    if request.param == "django cursor":
+        yield None
+        return
+    session = PreparedSession()
+    try:
+        yield session
+    finally:
+        session.close()
+
+
+def _database_clock() -> datetime:
+    with connection.cursor() as clock:
+        clock.execute("SELECT clock_timestamp()")
+        (now,) = clock.fetchone()
+    return now
+
+
+def test_now_sets_a_column_to_the_databases_clock_at_the_write(cursor: PreparedSession | None) -> None:
+    lease = Lease.objects.create(name="leader")
+    before = _database_clock()
+    version, renewed = compare_and_swap(
+        Lease, lease.pk, 1, {"renew_time": NOW}, returning=("resource_version", "renew_time"), cursor=cursor
+    )
+    after = _database_clock()
+    assert version == 2
+    assert before <= renewed <= after
+    lease.refresh_from_db()
+    assert lease.renew_time == renewed
+
+
+def test_now_in_returning_is_the_databases_clock_at_the_write(cursor: PreparedSession | None) -> None:
+    lease = Lease.objects.create(name="leader")
+    before = _database_clock()
+    version, written_at = compare_and_swap(
+        Lease, lease.pk, 1, {"holder_identity": "a"}, returning=("resource_version", NOW), cursor=cursor
+    )
+    after = _database_clock()
+    assert version == 2
+    assert before <= written_at <= after
+    # A conflict writes nothing, and returns no time either.
+    assert compare_and_swap(Lease, lease.pk, 1, {"holder_identity": "b"}, returning=(NOW,), cursor=cursor) is None
+
+
+def test_now_is_when_the_row_was_written_not_when_its_transaction_began() -> None:
+    lease = Lease.objects.create(name="leader")
+    session = PreparedSession()
+    try:
+        with session.transaction():
+            (began,) = session.one("SELECT now()", [])
+            # A writer that waited (for a lock, for the interpreter) between BEGIN and its write.
+            time.sleep(0.05)
+            (renewed,) = compare_and_swap(
+                Lease, lease.pk, 1, {"renew_time": NOW}, returning=("renew_time",), cursor=session
+            )
+    finally:
+        session.close()
+    assert renewed - began >= timedelta(milliseconds=50)

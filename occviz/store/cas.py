@@ -9,6 +9,10 @@ scenarios, the admin and the API all write through here. The strategies that ski
 the check (`none`'s blind write, `atomic`'s in-place increment) pass ANY as the
 expected version, so even they move the version and the cost of skipping the
 check stays visible. A hot loop takes its Swap once (`swap_for`) and runs it per write.
+
+A change is a value, an `Add` computed by the database from the current value, or
+`NOW`, the database's clock at the write. `NOW` in `returning` returns that clock
+too, so a caller can tell by one clock, the database's, when each write happened.
 """
 
 from __future__ import annotations
@@ -33,6 +37,38 @@ class Add:
     amount: int
 
 
+@dataclass(frozen=True, slots=True)
+class Now:
+    """The database's clock when the row is written: `clock_timestamp()`.
+
+    Not `now()`, which is the start of the transaction: a write that waited for a lock
+    would be dated before the write it waited for.
+    """
+
+
+NOW: Final = Now()
+"""As a change, `column = clock_timestamp()`; in `returning`, the clock_timestamp() of the write.
+
+Each clock_timestamp() is read anew: for exactly the time a NOW change wrote, return its column.
+"""
+
+_CLOCK_SQL = "clock_timestamp()"
+
+# How a Swap binds each column's value (see Swap.run).
+_PREPARED: Final = "prepared"  # Django's get_db_prep_save, for the swap's connection
+_INTEGER: Final = "integer"  # a plain int for an integer column goes as it is, unprepared
+_ADD: Final = "add"  # the Add's amount
+_CLOCK: Final = "clock"  # nothing: the SQL says clock_timestamp()
+
+
+def _binding(field: models.Field[Any, Any], how: bool | Now) -> str:
+    if isinstance(how, Now):
+        return _CLOCK
+    if how:
+        return _ADD
+    return _INTEGER if isinstance(field, models.IntegerField) else _PREPARED
+
+
 class Swap:
     """One shape of compare-and-swap (which columns, checked or blind, what comes back), built once.
 
@@ -40,30 +76,35 @@ class Swap:
     is built and the fields looked up here, not on each call.
     """
 
-    __slots__ = ("_integer", "_is_add", "check_version", "fields", "sql")
+    __slots__ = ("_binds", "check_version", "fields", "sql")
 
     def __init__(
         self,
         model: type[models.Model],
-        columns: tuple[tuple[str, bool], ...],
+        columns: tuple[tuple[str, bool | Now], ...],
         check_version: bool,
-        returning: tuple[str, ...],
+        returning: tuple[str | Now, ...],
     ) -> None:
         meta = model._meta
         self.fields = tuple(meta.get_field(name) for name, _ in columns)
-        self._is_add = tuple(is_add for _, is_add in columns)
-        # A plain int bound for an integer column needs none of Django's preparation.
-        self._integer = tuple(isinstance(field, models.IntegerField) for field in self.fields)
+        self._binds = tuple(_binding(field, how) for field, (_, how) in zip(self.fields, columns, strict=True))
         self.check_version = check_version
-        sets = [
-            f'"{field.column}" = "{field.column}" + %s' if is_add else f'"{field.column}" = %s'
-            for field, is_add in zip(self.fields, self._is_add, strict=True)
-        ]
+        sets = []
+        for field, bind in zip(self.fields, self._binds, strict=True):
+            column = f'"{field.column}"'
+            if bind is _ADD:
+                sets.append(f"{column} = {column} + %s")
+            elif bind is _CLOCK:
+                sets.append(f"{column} = {_CLOCK_SQL}")
+            else:
+                sets.append(f"{column} = %s")
         sets.append('"resource_version" = "resource_version" + 1')
         where = f'"{meta.pk.column}" = %s'
         if check_version:
             where += ' AND "resource_version" = %s'
-        returned = ", ".join(f'"{meta.get_field(name).column}"' for name in returning)
+        returned = ", ".join(
+            _CLOCK_SQL if isinstance(name, Now) else f'"{meta.get_field(name).column}"' for name in returning
+        )
         self.sql = f'UPDATE "{meta.db_table}" SET {", ".join(sets)} WHERE {where} RETURNING {returned}'
 
     def run(
@@ -72,12 +113,12 @@ class Swap:
         """Write `values` (in this Swap's column order); the returned columns, or None on a conflict."""
         connection = cursor.db if cursor is not None else connections[using]
         params: list[Any] = []
-        for value, field, is_add, integer in zip(values, self.fields, self._is_add, self._integer, strict=True):
-            if is_add:
-                params.append(value.amount)
-            elif integer and type(value) is int:
+        for value, field, bind in zip(values, self.fields, self._binds, strict=True):
+            if bind is _INTEGER and type(value) is int:
                 params.append(value)
-            else:
+            elif bind is _ADD:
+                params.append(value.amount)
+            elif bind is not _CLOCK:
                 params.append(field.get_db_prep_save(value, connection))
         params.append(pk)
         if self.check_version:
@@ -95,11 +136,14 @@ class Swap:
 @functools.cache
 def swap_for(
     model: type[models.Model],
-    columns: tuple[tuple[str, bool], ...],
+    columns: tuple[tuple[str, bool | Now], ...],
     check_version: bool,
-    returning: tuple[str, ...] = ("resource_version",),
+    returning: tuple[str | Now, ...] = ("resource_version",),
 ) -> Swap:
-    """The Swap for writing `columns` ((name, is Add) pairs) of `model`, checked against a version or not."""
+    """The Swap for writing `columns` of `model`, checked against a version or not.
+
+    `columns` are (name, how) pairs: False for a value, True for an Add, NOW for the database's clock.
+    """
     return Swap(model, columns, check_version, returning)
 
 
@@ -109,17 +153,20 @@ def compare_and_swap(
     expected_version: int | object,
     changes: Mapping[str, Any],
     *,
-    returning: Sequence[str] = ("resource_version",),
+    returning: Sequence[str | Now] = ("resource_version",),
     cursor: Any = None,
     using: str = "default",
 ) -> tuple[Any, ...] | None:
     """Apply `changes` to row `pk` if its version is `expected_version`.
 
     Returns the `returning` columns after the write (the new resource_version
-    first by default), or None when no row matched: a conflict. `cursor` lets a
-    hot loop reuse its cursor (a Django cursor, or a writer's PreparedSession);
-    its `db` is the connection the values are prepared for.
+    first by default; NOW for the database's clock at the write), or None when no
+    row matched: a conflict. `cursor` lets a hot loop reuse its cursor (a Django
+    cursor, or a writer's PreparedSession); its `db` is the connection the values
+    are prepared for.
     """
-    columns = tuple((name, isinstance(value, Add)) for name, value in changes.items())
+    columns = tuple(
+        (name, value if isinstance(value, Now) else isinstance(value, Add)) for name, value in changes.items()
+    )
     swap = swap_for(model, columns, expected_version is not ANY, tuple(returning))  # type: ignore[arg-type]
     return swap.run(pk, expected_version, changes.values(), cursor=cursor, using=using)

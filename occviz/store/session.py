@@ -1,13 +1,18 @@
 """A writer's own database session: prepared statements straight over libpq.
 
-A job's writers are threads of one process on a two-core machine. On a hot row,
-every commit wakes all the losers at once and each needs the interpreter lock to
-read its result and send its next statement; the time they spend in Python is
-time the row sits idle. Django's cursor costs about 110 us of Python per
-statement, this session about 40 us (each statement is prepared once per
-connection, then sent with PQexecPrepared, which releases the lock while it
-waits). The SQL is unchanged: a `Swap` (occviz.store.cas) builds it and runs it
-on this session.
+A job's writers are threads of one process on a two-core machine; on a hot row the
+time each spends in Python between statements is time the row sits idle. Django's
+cursor does more Python per statement than the race can afford, so a writer runs
+its SQL here instead: each statement is prepared once per connection, then sent
+with PQexecPrepared, which releases the interpreter lock while it waits. The SQL
+is unchanged: a `Swap` (occviz.store.cas) builds it and runs it on this session.
+
+Values cross through psycopg's own adapters. A prepared statement's parameter and
+column types never change, so each statement gets a Transformer whose dumpers are
+chosen by the parameter types the server inferred (a dict or list bound to a jsonb
+parameter goes as jsonb, an int to a bigint as int8, ...) and whose loaders by its
+column types (timestamptz comes back as an aware datetime in the session's time
+zone, Django's, UTC by default).
 
 The session owns a connection of its own in autocommit mode; `transaction()`
 issues BEGIN / COMMIT / ROLLBACK itself.
@@ -15,31 +20,18 @@ issues BEGIN / COMMIT / ROLLBACK itself.
 
 from __future__ import annotations
 
-import json
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 from django.db import connections
-from psycopg import pq
+from psycopg import abc, pq
+from psycopg.adapt import Transformer
 
 _PLACEHOLDER = re.compile(r"%s")
-_INTEGER_OIDS = {20, 21, 23, 26}  # int8, int2, int4, oid
-_BOOL_OID = 16
-
-
-def _encode(value: Any) -> bytes | None:
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        return b"t" if value else b"f"
-    if isinstance(value, (int, float, str)):
-        return str(value).encode()
-    if isinstance(value, dict | list):
-        return json.dumps(value).encode()
-    raise TypeError(f"cannot send {type(value).__name__} as a statement parameter")
 
 
 def check(result: pq.abc.PGresult) -> pq.abc.PGresult:
@@ -51,49 +43,59 @@ def check(result: pq.abc.PGresult) -> pq.abc.PGresult:
     return result
 
 
-def _decoder(oid: int) -> Callable[[bytes], Any]:
-    if oid in _INTEGER_OIDS:
-        return int
-    if oid == _BOOL_OID:
-        return b"t".__eq__
-    return bytes.decode
+@dataclass(frozen=True, slots=True)
+class _Statement:
+    """A statement prepared on the session's connection, with the adapters for its types."""
+
+    name: bytes
+    transformer: abc.Transformer
+    formats: Sequence[pq.Format]
 
 
 class PreparedSession:
-    """`one(sql, params)` with %s placeholders: a prepared statement's first row; `execute` for the rest."""
+    """`one(sql, params)` with %s placeholders: a prepared statement's first row; `execute` for the rest.
 
-    def __init__(self, using: str = "default") -> None:
+    `overrides` replace the alias' connection parameters, e.g. `host=` to connect
+    through another socket (a proxy) to the same database.
+    """
+
+    def __init__(self, using: str = "default", **overrides: Any) -> None:
         self.db = connections[using]  # what compare_and_swap prepares values for
         params = self.db.get_connection_params()
         params.pop("cursor_factory", None)
-        params.pop("context", None)
+        params.pop("context", None)  # Django's adapters load jsonb as text; this session loads it as psycopg does
+        params.update(overrides)
         self._conn = psycopg.connect(**params, autocommit=True)
+        # Datetimes come back in the session's time zone: make it the one Django reads them in.
+        self._conn.execute(self.db.ops.set_time_zone_sql(), [self.db.timezone_name])
         self._pgconn = self._conn.pgconn
-        self._prepared: dict[str, bytes] = {}
-        self._decoders: dict[bytes, list[Callable[[bytes], Any]]] = {}
+        self._statements: dict[str, _Statement] = {}
 
-    def _statement(self, sql: str) -> bytes:
-        name = self._prepared.get(sql)
-        if name is None:
-            name = f"occviz_{len(self._prepared)}".encode()
-            counter = iter(range(1, 1000))
-            native = _PLACEHOLDER.sub(lambda _: f"${next(counter)}", sql)
-            check(self._pgconn.prepare(name, native.encode()))
-            self._prepared[sql] = name
-        return name
+    def _prepare(self, sql: str) -> _Statement:
+        name = f"occviz_{len(self._statements)}".encode()
+        counter = iter(range(1, 1000))
+        native = _PLACEHOLDER.sub(lambda _: f"${next(counter)}", sql)
+        check(self._pgconn.prepare(name, native.encode()))
+        described = check(self._pgconn.describe_prepared(name))
+        transformer = Transformer(self._conn)
+        transformer.set_dumper_types([described.param_type(i) for i in range(described.nparams)], pq.Format.BINARY)
+        transformer.set_loader_types([described.ftype(i) for i in range(described.nfields)], pq.Format.TEXT)
+        statement = self._statements[sql] = _Statement(name, transformer, transformer.formats or ())
+        return statement
 
     def one(self, sql: str, params: Sequence[Any]) -> tuple[Any, ...] | None:
         """Run `sql` as a prepared statement; its first row, or None. The hot loop's one call a statement."""
-        name = self._prepared.get(sql) or self._statement(sql)
-        result = self._pgconn.exec_prepared(name, [str(p).encode() if type(p) is int else _encode(p) for p in params])  # type: ignore[misc]
-        result = check(result)
+        statement = self._statements.get(sql) or self._prepare(sql)
+        transformer = statement.transformer
+        # The statement's dumpers were chosen by its parameter types, so `formats` (by Python type) is unused.
+        # Ints need no path of their own: these dumpers, in C and chosen once, cost less than str(n).encode().
+        values = transformer.dump_sequence(params, ())
+        # A None goes as NULL, though psycopg's type for exec_prepared leaves it out.
+        result = check(self._pgconn.exec_prepared(statement.name, values, statement.formats))  # type: ignore[arg-type]
         if not result.ntuples:
             return None
-        decoders = self._decoders.get(name)
-        if decoders is None:  # a prepared statement's result columns never change type
-            decoders = self._decoders[name] = [_decoder(result.ftype(column)) for column in range(result.nfields)]
-        raw = [result.get_value(0, column) for column in range(len(decoders))]
-        return tuple([None if value is None else decode(value) for value, decode in zip(raw, decoders, strict=True)])
+        transformer.set_pgresult(result, set_loaders=False)
+        return transformer.load_row(0, tuple)
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> None:
         if params:
