@@ -1,22 +1,26 @@
 """The streaming benchmark: does watching a job slow it down, and how late do its events reach viewers?
 
-    from occviz.live.bench import streaming_bench
+    from occviz.live.bench import JOB_PAGE_QUERY, streaming_bench
     figures = streaming_bench(None, seconds=4.0, writers=4, viewers=50, rounds=3)
+    pages = streaming_bench(None, viewers=60, query=JOB_PAGE_QUERY)
 
 (`database_url=None` uses the database of the current settings.) It runs the same `occ`
 counter race `rounds` times each way, alternating, in a `db_worker` process: once with no
-viewers, once with `viewers` websocket clients following `/ws/jobs/<id>/events/` through a
-real Daphne server started on a free port of 127.0.0.1, signed in with a session cookie of a
-user it creates. It returns both sides' commits per second (the job's own figure), their
-ratio, and the event-to-client latency percentiles.
+viewers, once with `viewers` websocket clients following `/ws/jobs/<id>/events/<query>`
+through a real Daphne server started on a free port of 127.0.0.1, signed in with a session
+cookie of a user it creates and an Origin header. With no query they are programs on the JSON
+stream; with JOB_PAGE_QUERY they open the one socket the job page opens, whose frames also
+carry the page's fragments. It returns both sides' commits per second (the job's own figure),
+their ratio, and the event-to-client latency percentiles.
 
 It refuses to measure when the channel layer carries nothing, since the feeds would then
 poll the job row once a second and the latency would be that poll's. A latency is the
 client's wall-clock time on reading a whole message, minus the job's `started_at` plus the
 event's `t_ms`: an upper bound, as `started_at` is stamped before the actors are released.
 Every event of every client counts once, so batching more cannot look better. Every client
-checks its frames' `seq_from`/`seq_to` chain; the first also decodes the event arrays and
-checks every `seq` once. Why these choices make the figures fair: docs/performance.md.
+reads every message whole, checks its frames' `seq_from`/`seq_to` chain and keeps the `end`
+(which carries the fragments when the query asks for them); the first also decodes the event
+arrays and checks every `seq` once. Why these choices make the figures fair: docs/performance.md.
 """
 
 from __future__ import annotations
@@ -32,9 +36,10 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import parse_qs, quote
 
 from channels.layers import get_channel_layer
 from django.conf import settings
@@ -47,12 +52,36 @@ from occviz.jobs.tasks import launch
 
 _SEQ_RANGE = re.compile(rb'"seq_from":(\d+),"seq_to":(\d+)')
 
+# The socket the job page opens: the whole stream, each frame with the page's fragments.
+JOB_PAGE_QUERY = "?after=0&html=1"
+
+
+@dataclass
+class Viewer:
+    """What one client received: (seq_from, seq_to, receive time) of each frame, and the `end` message."""
+
+    frames: list[tuple[int, int, float]] = field(default_factory=list)
+    end: dict[str, Any] | None = None
+
+    def complete(self, last_seq: int, *, html: bool) -> bool:
+        """Every event once, in order, up to `last_seq`, then the end (with the fragments if asked for)."""
+        ended = self.end is not None and (not html or bool(self.end.get("html")))
+        return ended and _covered(self.frames) == last_seq
+
 
 def streaming_bench(
-    database_url: str | None = None, *, seconds: float = 4.0, writers: int = 4, viewers: int = 50, rounds: int = 3
+    database_url: str | None = None,
+    *,
+    seconds: float = 4.0,
+    writers: int = 4,
+    viewers: int = 50,
+    rounds: int = 3,
+    query: str = "",
 ) -> dict[str, Any]:
-    """Commits/s without and with `viewers` websocket clients (medians of `rounds` alternating runs),
-    their ratio, and the latency p50/p95 in ms over every event of every watched run."""
+    """Commits/s without and with `viewers` websocket clients on `/ws/jobs/<id>/events/<query>`
+    (medians of `rounds` alternating runs), their ratio, and the latency p50/p95 in ms over
+    every event of every watched run."""
+    html = parse_qs(query.removeprefix("?")).get("html", ["0"])[-1] == "1"
     env = {**os.environ, "DATABASE_URL": database_url or _current_database_url()}
     asyncio.run(_check_layer())
     cookie = _session_cookie()
@@ -75,10 +104,10 @@ def streaming_bench(
         decoded_ok = 0
         for _ in range(rounds):
             alone.append(_commits_per_s(_run_job(env, params)))
-            job, received, decoded = asyncio.run(_watched_run(env, params, port, cookie, viewers))
+            job, received, decoded = asyncio.run(_watched_run(env, params, port, cookie, viewers, query))
             watched.append(_commits_per_s(job))
             latencies.extend(_latencies_ms(job, received))
-            complete += sum(1 for frames in received if _covered(frames) == job.last_seq)
+            complete += sum(viewer.complete(job.last_seq, html=html) for viewer in received)
             decoded_ok += decoded == list(range(1, job.last_seq + 1))
     finally:
         server.terminate()
@@ -89,13 +118,17 @@ def streaming_bench(
         "writers": writers,
         "seconds": seconds,
         "viewers": viewers,
+        "query": query,
         "rounds": rounds,
         "commits_per_s_alone": commits_alone,
         "commits_per_s_watched": commits_watched,
         "commits_per_s_alone_runs": alone,
         "commits_per_s_watched_runs": watched,
         "ratio": round(commits_watched / commits_alone, 3) if commits_alone else None,
-        "viewers_complete": f"{complete} of {viewers * rounds} saw every event exactly once",
+        "viewers_complete": (
+            f"{complete} of {viewers * rounds} saw every event exactly once and the end"
+            + (" with its fragments" if html else "")
+        ),
         "decoded_complete": f"{decoded_ok} of {rounds} decoded runs had every event exactly once",
         "latency_ms": {
             "p50": _percentile(latencies, 0.50),
@@ -181,19 +214,19 @@ def _run_job(env: dict[str, str], params: dict[str, Any]) -> Job:
 
 
 async def _watched_run(
-    env: dict[str, str], params: dict[str, Any], port: int, cookie: str, viewers: int
-) -> tuple[Job, list[list[tuple[int, int, float]]], list[int]]:
-    """The job watched by `viewers` clients: the job, each client's (seq_from, seq_to, time) per frame,
-    and the seqs of the events the first client decoded."""
+    env: dict[str, str], params: dict[str, Any], port: int, cookie: str, viewers: int, query: str
+) -> tuple[Job, list[Viewer], list[int]]:
+    """The job watched by `viewers` clients: the job, what each client received, and the seqs of
+    the events the first client decoded."""
     from asgiref.sync import sync_to_async
 
     job = await sync_to_async(launch)("counter", params)
-    received: list[list[tuple[int, int, float]]] = [[] for _ in range(viewers)]
+    received = [Viewer() for _ in range(viewers)]
     connected = [asyncio.Event() for _ in range(viewers)]
     decoded: list[int] = []
     clients = [
-        asyncio.create_task(_follow(port, cookie, job.pk, frames, ready, decoded if number == 0 else None))
-        for number, (frames, ready) in enumerate(zip(received, connected, strict=True))
+        asyncio.create_task(_follow(port, cookie, job.pk, query, viewer, ready, decoded if number == 0 else None))
+        for number, (viewer, ready) in enumerate(zip(received, connected, strict=True))
     ]
     await asyncio.wait_for(asyncio.gather(*(ready.wait() for ready in connected)), 60)
     worker = _start_worker(env)
@@ -206,21 +239,24 @@ async def _follow(
     port: int,
     cookie: str,
     job_id: int,
-    frames: list[tuple[int, int, float]],
+    query: str,
+    viewer: Viewer,
     ready: asyncio.Event,
     decoded: list[int] | None = None,
 ) -> None:
-    """A minimal websocket client (RFC 6455): records (seq_from, seq_to, receive time) of each frame.
+    """A minimal websocket client (RFC 6455) on `/ws/jobs/<job_id>/events/<query>`: records
+    (seq_from, seq_to, receive time) of each frame and keeps the `end`.
 
-    With `decoded`, it also parses every message and appends the `seq` of each event, read
-    from the event arrays through the hello's `event_fields`, as a program would.
+    Frames are read whole but parsed only as far as their range; the other messages are
+    parsed. With `decoded`, it also parses every frame and appends the `seq` of each event,
+    read from the event arrays through the hello's `event_fields`, as a program would.
     """
     fields: list[str] = []
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     key = base64.b64encode(os.urandom(16)).decode()
     writer.write(
         (
-            f"GET /ws/jobs/{job_id}/events/ HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\n"
+            f"GET /ws/jobs/{job_id}/events/{query} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\n"
             f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n"
             f"Origin: http://127.0.0.1:{port}\r\nCookie: {cookie}\r\n\r\n"
         ).encode()
@@ -247,13 +283,17 @@ async def _follow(
                 at = time.time()
                 found = _SEQ_RANGE.search(message, 0, 200)
                 if found:
-                    frames.append((int(found[1]), int(found[2]), at))
-                if decoded is not None:
+                    viewer.frames.append((int(found[1]), int(found[2]), at))
+                if found is None or decoded is not None:
                     data = json.loads(message)
                     if data["type"] == "hello":
                         fields = data["event_fields"]
-                    elif data["type"] == "frame":
+                    elif data["type"] == "frame" and decoded is not None:
                         decoded.extend(dict(zip(fields, event, strict=True))["seq"] for event in data["events"])
+                    elif data["type"] == "end":
+                        viewer.end = data
+                    elif data["type"] == "error":
+                        raise RuntimeError(f"the stream refused: {data['error']}")
                 message = b""
     writer.close()
     with contextlib.suppress(Exception):
@@ -270,14 +310,14 @@ def _covered(frames: list[tuple[int, int, float]]) -> int:
     return position
 
 
-def _latencies_ms(job: Job, received: list[list[tuple[int, int, float]]]) -> list[float]:
+def _latencies_ms(job: Job, received: list[Viewer]) -> list[float]:
     if job.started_at is None:
         return []
     start = job.started_at.timestamp()
     t_ms = dict(Event.objects.filter(job=job).values_list("seq", "t_ms"))
     latencies: list[float] = []
-    for frames in received:
-        for seq_from, seq_to, at in frames:
+    for viewer in received:
+        for seq_from, seq_to, at in viewer.frames:
             latencies.extend((at - start) * 1000.0 - t_ms[seq] for seq in range(seq_from, seq_to + 1))
     return latencies
 

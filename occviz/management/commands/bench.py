@@ -5,8 +5,13 @@ engine: pgbench runs the engine's own read + compare-and-swap transaction (the S
 counter race with N writers on the same PostgreSQL. Rounds alternate, so a noisy
 machine slows both sides alike; the figure that matters is their ratio.
 
-streaming: one job watched by 50 websocket clients against the same job unwatched
-(`occviz.live.bench.streaming_bench`), and the event-to-client latency.
+streaming: one job watched by 50 websocket clients of the JSON stream against the same
+job unwatched (`occviz.live.bench.streaming_bench`), and the event-to-client latency.
+
+browser: the same with 60 clients that open the socket the job page opens (every frame
+with the page's fragments).
+
+`--part` picks the parts (`--part streaming browser`); all three run by default.
 
 How to read the figures, and what they have been: docs/performance.md.
 """
@@ -33,6 +38,7 @@ from occviz.store.cas import swap_for
 from occviz.store.models import Counter
 
 MANAGE = str(Path(settings.BASE_DIR) / "manage.py")
+PARTS = ["engine", "streaming", "browser"]
 
 
 def pgbench_path() -> str:
@@ -74,30 +80,46 @@ def version_of(row_id: int) -> int:
 
 
 class Command(BaseCommand):
-    help = "Benchmark: committed compare-and-swaps per second, runjob (occ) against pgbench on one hot row."
+    help = (
+        "Benchmark: committed compare-and-swaps per second, runjob (occ) against pgbench on one hot row; "
+        "what watching a job costs it, on the JSON stream and on the job page's socket."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--writers", type=int, default=4)
         parser.add_argument("--seconds", type=float, default=3.0)
         parser.add_argument("--rounds", type=int, default=7)
-        parser.add_argument("--viewers", type=int, default=50, help="streaming: websocket clients on one job")
-        parser.add_argument("--part", choices=["all", "engine", "streaming"], default="all")
+        parser.add_argument("--viewers", type=int, default=50, help="streaming: JSON stream clients on one job")
+        parser.add_argument("--pages", type=int, default=60, help="browser: job pages' sockets on one job")
+        parser.add_argument(
+            "--part", nargs="+", choices=["all", *PARTS], default=["all"], help="the parts to run (default: all)"
+        )
         parser.add_argument("--json", action="store_true", help="print the figures as JSON")
 
     def handle(self, *args: Any, **options: Any) -> None:
         writers, seconds, rounds = options["writers"], options["seconds"], options["rounds"]
-        if not (1 <= writers <= 64 and 1 <= seconds <= 120 and 1 <= rounds <= 10 and 1 <= options["viewers"] <= 500):
-            raise CommandError("--writers 1..64, --seconds 1..120, --rounds 1..10, --viewers 1..500", returncode=2)
+        viewers = {"streaming": options["viewers"], "browser": options["pages"]}
+        if not (
+            1 <= writers <= 64
+            and 1 <= seconds <= 120
+            and 1 <= rounds <= 10
+            and all(1 <= n <= 500 for n in viewers.values())
+        ):
+            raise CommandError(
+                "--writers 1..64, --seconds 1..120, --rounds 1..10, --viewers and --pages 1..500", returncode=2
+            )
+        parts = PARTS if "all" in options["part"] else [part for part in PARTS if part in options["part"]]
         # Measure what `make run` serves: every migration applied (the live layer's tables included).
         call_command("migrate", interactive=False, verbosity=0)
         figures: dict[str, Any] = {}
-        if options["part"] in ("all", "engine"):
+        if "engine" in parts:
             figures["engine"] = self._engine(writers, seconds, rounds)
-        if options["part"] in ("all", "streaming"):
-            from occviz.live.bench import streaming_bench
+        from occviz.live.bench import JOB_PAGE_QUERY, streaming_bench
 
-            figures["streaming"] = streaming_bench(
-                None, seconds=seconds, writers=writers, viewers=options["viewers"], rounds=rounds
+        queries = {"streaming": "", "browser": JOB_PAGE_QUERY}
+        for part in [part for part in parts if part in queries]:
+            figures[part] = streaming_bench(
+                None, seconds=seconds, writers=writers, viewers=viewers[part], rounds=rounds, query=queries[part]
             )
         if options["json"]:
             self.stdout.write(json.dumps(figures))
@@ -112,16 +134,21 @@ class Command(BaseCommand):
                 f"(median {engine['ratio_median']:.2f}; target >= 0.80)"
             )
         if "streaming" in figures:
-            streaming = figures["streaming"]
-            self.stdout.write(
-                f"\nStreaming: the same occ job, alone and watched by {streaming['viewers']} websocket clients\n"
-                f"  alone:   {_list(streaming['commits_per_s_alone_runs'])} commits/s\n"
-                f"  watched: {_list(streaming['commits_per_s_watched_runs'])} commits/s\n"
-                f"  ratio watched / alone: {streaming['ratio']:.2f} (target >= 0.90); "
-                f"{streaming['viewers_complete']}; {streaming['decoded_complete']}\n"
-                f"  event-to-client latency: p50 {streaming['latency_ms']['p50']} ms, "
-                f"p95 {streaming['latency_ms']['p95']} ms (target p95 < 250 ms)"
-            )
+            self._streaming("Streaming", "websocket clients of the JSON stream", figures["streaming"])
+        if "browser" in figures:
+            self._streaming("Browser-like", "job pages' sockets", figures["browser"])
+
+    def _streaming(self, title: str, clients: str, figures: dict[str, Any]) -> None:
+        self.stdout.write(
+            f"\n{title}: the same occ job, alone and watched by {figures['viewers']} {clients} "
+            f"(/ws/jobs/<id>/events/{figures['query']})\n"
+            f"  alone:   {_list(figures['commits_per_s_alone_runs'])} commits/s\n"
+            f"  watched: {_list(figures['commits_per_s_watched_runs'])} commits/s\n"
+            f"  ratio watched / alone: {figures['ratio']:.2f} (target >= 0.90); "
+            f"{figures['viewers_complete']}; {figures['decoded_complete']}\n"
+            f"  event-to-client latency: p50 {figures['latency_ms']['p50']} ms, "
+            f"p95 {figures['latency_ms']['p95']} ms (target p95 < 250 ms)"
+        )
 
     def _engine(self, writers: int, seconds: float, rounds: int) -> dict[str, Any]:
         counter, _ = Counter.objects.get_or_create(namespace="bench", name="pgbench-hot")
