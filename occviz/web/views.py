@@ -155,6 +155,8 @@ def _job_context(request: HttpRequest, job: Job, control_note: str = "") -> dict
     spec = _spec(job)
     return {
         "actor_rows": _actor_rows(spec, job) if spec and spec.controls and not job.is_finished else [],
+        # each control with the seconds its button applies (a pause twice the lease, say)
+        "offered_controls": [(c, spec.control_seconds(c.action, job.params)) for c in spec.controls] if spec else [],
         "control_note": control_note,
         "job": job,
         "spec": spec,

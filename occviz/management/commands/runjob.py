@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, cast
 
 from django import forms
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -55,11 +55,13 @@ def _add_flags(parser: argparse.ArgumentParser, spec: Scenario) -> None:
         elif name in spec.list_params:
             options.update(nargs="+", action="extend", metavar=name.upper())
         elif isinstance(field, forms.ChoiceField):
-            options["choices"] = [str(value) for value, _ in field.choices if value != ""]
+            # The field keeps its choices as (value, label) pairs; the stubs type them as any accepted input.
+            choices = cast("Iterable[tuple[Any, Any]]", field.choices)
+            options["choices"] = [str(value) for value, _ in choices if value != ""]
+        elif isinstance(field, forms.FloatField):  # before IntegerField: Django's FloatField is one
+            options["type"] = _number(float)
         elif isinstance(field, forms.IntegerField):
             options["type"] = _number(int)
-        elif isinstance(field, forms.FloatField):
-            options["type"] = _number(float)
         # Required only where the form has no default: otherwise the form fills it in.
         options["required"] = bool(field.required and field.initial is None and not options.get("action"))
         parser.add_argument(_flag(name), **options)

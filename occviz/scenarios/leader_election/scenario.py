@@ -1,0 +1,465 @@
+"""The leader-election scenario: what the rest of the app knows of it (form, presets, kinds, figures, state).
+
+R replicas run client-go's leader election on the job's Lease (elector.py); failure
+controls come from the job's parameters (timed, as `runjob --kill-leader-at 5`) and
+from the job page's buttons while it runs; the summary and its invariant come from the
+recorded events and the Lease (summary.py).
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import threading
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from django import forms
+
+from occviz.scenarios.base import ERROR, Control, EventKind, Figure, Preset, Scenario, State, check_limit
+from occviz.scenarios.leader_election.elector import (
+    LeaderElection,
+    LeaderElectionConfig,
+    TimedControl,
+    create_objects,
+    identity,
+)
+from occviz.scenarios.leader_election.summary import SENTENCES, describe_failover, read_events, summarize
+from occviz.store.models import Lease
+
+if TYPE_CHECKING:
+    from occviz.jobs.runner import JobContext
+
+MAX_REPLICAS = 16
+_SKEW = re.compile(r"^(?:replica-)?(\d{1,3})=([+-]?\d{1,5}(?:\.\d{1,3})?)$")
+
+# The elections running in this process, by job: their replicas' beliefs are the live state.
+_running: dict[int, LeaderElection] = {}
+_running_lock = threading.Lock()
+
+
+def _seconds_field(label: str, initial: float | None, help_text: str = "", *, minimum: float = 0.0) -> forms.FloatField:
+    return forms.FloatField(
+        label=label, min_value=minimum, max_value=86_400, required=False, initial=initial, help_text=help_text
+    )
+
+
+class LeaderElectionForm(forms.Form):
+    replicas = forms.IntegerField(min_value=1, max_value=MAX_REPLICAS, initial=3, help_text="1 to 16.")
+    lease_duration = _seconds_field("Lease duration (s)", 15.0, "client-go LeaseDuration.", minimum=0.1)
+    renew_deadline = _seconds_field("Renew deadline (s)", 10.0, "client-go RenewDeadline.", minimum=0.1)
+    retry_period = _seconds_field("Retry period (s)", 2.0, "client-go RetryPeriod.", minimum=0.05)
+    seconds = _seconds_field("Run for (s)", 30.0, "How long the election runs.", minimum=1.0)
+    kill_leader_at = _seconds_field("Kill the leader at (s)", None, "It stops without releasing the lease.")
+    stop_leader_at = _seconds_field("Stop the leader at (s)", None, "Gracefully: it releases with ReleaseOnCancel.")
+    pause_leader_at = _seconds_field("Pause the leader at (s)", None, "A stop-the-world pause.")
+    pause_for = _seconds_field("Pause for (s)", None, "Default: twice the lease duration.", minimum=0.1)
+    cut_off_leader_at = _seconds_field("Cut the leader off at (s)", None, "From the database.")
+    cut_off_for = _seconds_field("Cut off for (s)", None, "Default: the lease duration.", minimum=0.1)
+    skew = forms.CharField(
+        required=False,
+        max_length=400,
+        help_text="Clock skews, e.g. replica-2=30 replica-3=-5 (seconds, ahead or behind).",
+    )
+    release_on_cancel = forms.BooleanField(
+        required=False, label="Release on cancel", help_text="client-go ReleaseOnCancel: a stopping leader releases."
+    )
+    seed = forms.IntegerField(required=False, min_value=0, max_value=2**32, help_text="Seed for the jitter.")
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        for name, field in self.fields.items():
+            if data.get(name) is None and field.initial is not None:
+                data[name] = field.initial
+        if self.errors:
+            return data
+        config = LeaderElectionConfig(data["lease_duration"], data["renew_deadline"], data["retry_period"])
+        for error in config.validate():
+            target = "lease_duration" if error.startswith("leaseDuration") else "renew_deadline"
+            self.add_error(target, f"{error} (client-go's rule: LeaseDuration > RenewDeadline > 1.2 x RetryPeriod).")
+        check_limit(self, "replicas", data["replicas"], "OCCVIZ_MAX_WRITERS", "replicas")
+        check_limit(self, "seconds", data["seconds"], "OCCVIZ_MAX_SECONDS", "seconds")
+        for name in ("kill_leader_at", "stop_leader_at", "pause_leader_at", "cut_off_leader_at"):
+            at = data.get(name)
+            if at is not None and at >= data["seconds"]:
+                self.add_error(name, f"{at:g} s is not within the {data['seconds']:g} s the election runs.")
+        if data.get("pause_for") is not None and data.get("pause_leader_at") is None:
+            self.add_error("pause_for", "Give the moment of the pause too (pause the leader at).")
+        if data.get("cut_off_for") is not None and data.get("cut_off_leader_at") is None:
+            self.add_error("cut_off_for", "Give the moment of the cut-off too (cut the leader off at).")
+        if data.get("pause_leader_at") is not None and data.get("pause_for") is None:
+            data["pause_for"] = 2 * data["lease_duration"]
+        if data.get("cut_off_leader_at") is not None and data.get("cut_off_for") is None:
+            data["cut_off_for"] = data["lease_duration"]
+        data["skew"] = self._skews(data.get("skew") or "", data["replicas"])
+        return data
+
+    def _skews(self, raw: str, replicas: int) -> str:
+        """`replica-2=30 replica-3=-5` checked against the replicas, written back in that form."""
+        skews: dict[int, float] = {}
+        for word in raw.replace(",", " ").split():
+            found = _SKEW.match(word) if word.isascii() else None
+            if found is None:
+                self.add_error("skew", f"{word!r} is not REPLICA=SECONDS (e.g. replica-2=30).")
+                continue
+            number, seconds = int(found[1]), float(found[2])
+            if not 1 <= number <= replicas:
+                self.add_error("skew", f"unknown replica {word.split('=')[0]!r}: the job has replicas 1 to {replicas}.")
+            elif abs(seconds) > 3600:
+                self.add_error("skew", f"{word!r}: a skew of at most an hour either way.")
+            else:
+                skews[number] = seconds
+        return " ".join(f"{identity(n)}={s:g}" for n, s in sorted(skews.items()))
+
+
+def _config(params: Mapping[str, Any]) -> LeaderElectionConfig:
+    return LeaderElectionConfig(
+        params["lease_duration"], params["renew_deadline"], params["retry_period"], bool(params["release_on_cancel"])
+    )
+
+
+def _timed_controls(params: Mapping[str, Any]) -> list[TimedControl]:
+    controls = []
+    if params.get("kill_leader_at") is not None:
+        controls.append(TimedControl("kill", params["kill_leader_at"]))
+    if params.get("stop_leader_at") is not None:
+        controls.append(TimedControl("stop", params["stop_leader_at"]))
+    if params.get("pause_leader_at") is not None:
+        controls.append(TimedControl("pause", params["pause_leader_at"], seconds=params["pause_for"]))
+    if params.get("cut_off_leader_at") is not None:
+        controls.append(TimedControl("cut_off", params["cut_off_leader_at"], seconds=params["cut_off_for"]))
+    return controls
+
+
+def _skews(params: Mapping[str, Any]) -> list[tuple[int, float]]:
+    pairs = (word.split("=") for word in (params.get("skew") or "").split())
+    return [(int(name.removeprefix("replica-")), float(seconds)) for name, seconds in pairs]
+
+
+def run(context: JobContext) -> dict[str, Any]:
+    job, params = context.job, context.params
+    config = _config(params)
+    lease, counter = create_objects(f"job-{job.pk}", job=job)
+    seed = params["seed"] if params.get("seed") is not None else random.randrange(2**32)
+    election = LeaderElection(
+        lease_id=lease.pk,
+        counter_id=counter.pk,
+        replicas=params["replicas"],
+        record=context.recorder.record,
+        stop=context.stop,
+        config=config,
+        seed=seed,
+    )
+    # Skews apply as the replicas are released; the failures at their moments.
+    skews = [TimedControl("skew", 0.0, replica=replica, seconds=seconds) for replica, seconds in _skews(params)]
+    election.schedule(*skews, *_timed_controls(params))
+
+    def control(action: str, actor: int | None, seconds: float | None) -> None:
+        try:
+            election.apply(TimedControl(action, 0.0, replica=actor, seconds=seconds or 0.0))  # type: ignore[arg-type]
+        except ValueError as refused:
+            context.recorder.record(
+                actor or 0, 0, 0, "control_failed", detail={"control": action, "error": str(refused)}
+            )
+            raise
+
+    context.on_control(control)
+    with _running_lock:
+        _running[job.pk] = election
+    try:
+        election.run(params["seconds"], run_actors=context.run_actors)
+    finally:
+        with _running_lock:
+            _running.pop(job.pk, None)
+    context.recorder.flush()
+    summary = summarize(read_events(job.pk), Lease.objects.get(pk=lease.pk), config, replicas=len(election.replicas))
+    summary["failovers_in_words"] = [describe_failover(failover) for failover in summary["failovers"]]
+    summary["duration_s"] = round(context.elapsed_s, 4)
+    summary["seed"] = seed
+    return summary
+
+
+def _lease_manifest(lease: Lease) -> dict[str, Any]:
+    """The Lease as `kubectl get lease <name> -o yaml` shows it."""
+
+    def micro(value: Any) -> str | None:
+        return None if value is None else value.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+    return {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {"name": lease.name, "namespace": lease.namespace, "resourceVersion": str(lease.resource_version)},
+        "spec": {
+            "holderIdentity": lease.holder_identity or None,
+            "leaseDurationSeconds": lease.lease_duration_seconds,
+            "acquireTime": micro(lease.acquire_time),
+            "renewTime": micro(lease.renew_time),
+            "leaseTransitions": lease.lease_transitions,
+        },
+    }
+
+
+def _replica_states(election: LeaderElection) -> list[dict[str, Any]]:
+    now = time.monotonic()
+    states = []
+    for number in election.replicas:
+        elector = election.elector(number)
+        if elector.killed:
+            status = "killed"
+        elif elector.stop_requested or elector.finished:
+            status = "stopped"
+        elif elector.paused:
+            status = "paused"
+        elif elector.proxy is not None and elector.proxy.is_cut:
+            status = "cut off"
+        else:
+            status = "running"
+        timer = None
+        observed = elector.observed
+        if status in ("running", "paused", "cut off") and observed is not None and observed.holder_identity:
+            timer = round(max(0.0, elector.observed_time + elector.config.duration_of(observed) - now), 1)
+        states.append(
+            {
+                "number": number,
+                "name": elector.identity,
+                "leading": bool(elector.leading and status not in ("killed", "stopped")),
+                "token": elector.token,
+                "status": status,
+                "holder_seen": observed.holder_identity if observed is not None else None,
+                "timer_s": timer,
+                "skew_s": elector.clock_offset_s or None,
+            }
+        )
+    return states
+
+
+def read_state(job_id: int, params: Mapping[str, Any]) -> State:
+    """The Lease as it is now and, where the election runs in this process, what each replica believes."""
+    lease = Lease.objects.filter(job_id=job_id, name="leader").first()
+    if lease is None:
+        return State({"lease": None, "replicas": []}, {"transitions": None, "leading": None})
+    with _running_lock:
+        election = _running.get(job_id)
+    replicas = _replica_states(election) if election is not None else []
+    leading = sum(1 for replica in replicas if replica["leading"]) if election is not None else None
+    return State(
+        {"lease": _lease_manifest(lease), "replicas": replicas},
+        {"transitions": lease.lease_transitions, "leading": leading},
+    )
+
+
+_LEASE_409 = (
+    '409 Conflict: Operation cannot be fulfilled on leases.coordination.k8s.io "leader": the object has been '
+    "modified; please apply your changes to the latest version and try again"
+)
+
+
+def _kind(name: str, label: str, color: str, mark: str, **options: Any) -> EventKind:
+    return EventKind(name, label, SENTENCES[name], color, mark, **options)
+
+
+class LeaderElectionScenario(Scenario):
+    name = "leader-election"
+    title = "Leader election"
+    description = (
+        "Replicas contend for one Lease as client-go's leader election does: kill, stop, pause or cut off "
+        "the leader and watch the failover, the fencing of a stale leader, the transitions."
+    )
+    form_class = LeaderElectionForm
+    sections = {
+        "Replicas and lease": ("replicas", "lease_duration", "renew_deadline", "retry_period", "seconds"),
+        "Failures, timed": (
+            "kill_leader_at",
+            "stop_leader_at",
+            "pause_leader_at",
+            "pause_for",
+            "cut_off_leader_at",
+            "cut_off_for",
+            "skew",
+        ),
+        "More": ("release_on_cancel", "seed"),
+    }
+    actor_label = "replica-{n}"
+    actors_param = "replicas"
+    state_keys = ("lease", "replicas")
+    state_template = "scenarios/leader_election.html"
+    state_title = "The Lease, and what each replica believes"
+    script = "occviz/scenarios/leader_election.js"
+    list_params = ("skew",)
+    kinds = (
+        _kind("acquired", "acquired the lease", "#1a9e4b", "star"),
+        _kind("renewed", "renewed", "#7cc89a", "tick"),
+        _kind("backed_off", "backed off", "#b8c0cc", "tick"),
+        _kind("conflict", "conflict on the lease", "#d62828", "cross", explain=_LEASE_409),
+        _kind("renew_failed", "renew failed", "#f08c00", "triangle"),
+        _kind("lost", "stepped down", "#7a1010", "square"),
+        _kind("released", "released", "#1c64d6", "square"),
+        _kind("guarded_write", "guarded write", "#0f766e", "dot"),
+        _kind("fenced", "fenced (stale write rejected)", "#d62828", "dot"),
+        _kind("db_error", "database error", "#9b1c1c", "diamond"),
+        _kind("reconnected", "reconnected", "#8a94a6", "dot"),
+        _kind("killed", "killed", "#111111", "square"),
+        _kind("stopped", "stopped", "#4a5568", "square"),
+        _kind("paused", "paused", "#8b3fd9", "triangle"),
+        _kind("woke", "woke", "#8b3fd9", "star"),
+        _kind("cut_off", "cut off", "#f08c00", "diamond"),
+        _kind("skewed", "clock skewed", "#6b7280", "tick"),
+        _kind("added", "joined", "#1a9e4b", "dot"),
+        _kind("control_failed", "control refused", "#7a1010", "diamond"),
+        ERROR,
+    )
+    figures = (
+        Figure("transitions", "lease transitions", from_state=True),
+        Figure("leading", "believe they lead", from_state=True),
+        Figure("acquisitions", "acquisitions", count=("acquired",)),
+        Figure("renewals", "renewals", count=("renewed",)),
+        Figure("conflicts", "conflicts", count=("conflict",)),
+        Figure("guarded_writes", "guarded writes", count=("guarded_write",)),
+        Figure("fenced_writes_rejected", "stale writes fenced", count=("fenced",)),
+        Figure("step_downs", "step-downs", count=("lost",)),
+        Figure("db_errors", "database errors", count=("db_error",)),
+        Figure("renewals_per_s", "renewals/s", per_second=("renewed",), shown=False),
+    )
+    rates = ("renewed", "conflict", "backed_off")
+    controls = (
+        Control("kill", "kill", "Stops at once without releasing: failover after the lease expires."),
+        Control("stop", "stop", "Stops gracefully; with ReleaseOnCancel it releases: fast handover."),
+        Control("pause", "pause", "A stop-the-world pause: it wakes believing it leads.", seconds=(0.1, 86_400)),
+        Control(
+            "cut_off", "cut off", "Cut off from the database: it steps down after RenewDeadline.", seconds=(0.1, 86_400)
+        ),
+        Control(
+            "skew", "skew clock", "Its wall clock runs ahead: renewTime lies, nobody trusts it.", seconds=(-3600, 3600)
+        ),
+        Control("add", "add a replica", "A new replica joins the election.", per_actor=False, adds_actor=True),
+    )
+    compared = (
+        ("replicas", "replicas"),
+        ("lease_duration", "lease duration (s)"),
+        ("renew_deadline", "renew deadline (s)"),
+        ("retry_period", "retry period (s)"),
+        ("transitions", "transitions"),
+        ("max_leaders_at_once", "most valid leaders at once"),
+        ("renewals", "renewals"),
+        ("acquire_attempts", "acquire attempts"),
+        ("conflicts", "conflicts"),
+        ("fenced_writes_rejected", "stale writes fenced"),
+        ("fenced_writes_landed", "stale writes landed"),
+        ("duration_s", "duration (s)"),
+    )
+    presets = (
+        Preset(
+            "classroom",
+            "Classroom",
+            "Three replicas on a 3 s lease (renew deadline 2 s, retry every 0.5 s): transitions you can watch.",
+            {"replicas": 3, "lease_duration": 3, "renew_deadline": 2, "retry_period": 0.5, "seconds": 30},
+        ),
+        Preset(
+            "client-go-defaults",
+            "client-go defaults",
+            "kube-controller-manager's timings: a 15 s lease, renew deadline 10 s, retry every 2 s.",
+            {"replicas": 3, "lease_duration": 15, "renew_deadline": 10, "retry_period": 2, "seconds": 60},
+        ),
+        Preset(
+            "kill-the-leader",
+            "Kill the leader",
+            "The leader dies without releasing: the others wait out the lease, then one takes over.",
+            {
+                "replicas": 3,
+                "lease_duration": 3,
+                "renew_deadline": 2,
+                "retry_period": 0.5,
+                "seconds": 15,
+                "kill_leader_at": 4,
+            },
+        ),
+        Preset(
+            "graceful-handover",
+            "Graceful handover",
+            "The leader stops and releases the lease: a follower takes it within a retry period.",
+            {
+                "replicas": 3,
+                "lease_duration": 3,
+                "renew_deadline": 2,
+                "retry_period": 0.5,
+                "seconds": 12,
+                "stop_leader_at": 4,
+                "release_on_cancel": True,
+            },
+        ),
+        Preset(
+            "stale-leader",
+            "Stale leader (pause)",
+            "The leader freezes for 6 s, longer than its lease: it wakes believing it leads, and its write is fenced.",
+            {
+                "replicas": 3,
+                "lease_duration": 3,
+                "renew_deadline": 2,
+                "retry_period": 0.5,
+                "seconds": 16,
+                "pause_leader_at": 4,
+                "pause_for": 6,
+            },
+        ),
+        Preset(
+            "network-cut",
+            "Network cut",
+            "The leader loses the database: it steps down after its renew deadline, before anyone else may lead.",
+            {
+                "replicas": 3,
+                "lease_duration": 3,
+                "renew_deadline": 2,
+                "retry_period": 0.5,
+                "seconds": 15,
+                "cut_off_leader_at": 4,
+                "cut_off_for": 5,
+            },
+        ),
+        Preset(
+            "clock-skew",
+            "Clock skew",
+            "Two replicas' clocks run 30 s ahead and 20 s behind: renewTime lies, nobody trusts it, safety holds.",
+            {
+                "replicas": 3,
+                "lease_duration": 3,
+                "renew_deadline": 2,
+                "retry_period": 0.5,
+                "seconds": 15,
+                "skew": "replica-2=30 replica-3=-20",
+                "kill_leader_at": 5,
+            },
+        ),
+    )
+
+    def run(self, context: JobContext) -> dict[str, Any]:
+        return run(context)
+
+    def read_state(self, job_id: int, params: Mapping[str, Any]) -> State:
+        return read_state(job_id, params)
+
+    def control_seconds(self, action: str, params: Mapping[str, Any]) -> float | None:
+        lease_s = float(params.get("lease_duration") or 15)
+        return {"pause": 2 * lease_s, "cut_off": lease_s, "skew": 30.0}.get(action)
+
+    def setup(self, params: Mapping[str, Any]) -> str:
+        line = (
+            f"{params.get('replicas')} replicas, lease {params.get('lease_duration'):g} s / renew deadline "
+            f"{params.get('renew_deadline'):g} s / retry {params.get('retry_period'):g} s, {params.get('seconds'):g} s"
+        )
+        timed = [
+            f"{words} at {params[name]:g} s"
+            for name, words in (
+                ("kill_leader_at", "kill"),
+                ("stop_leader_at", "stop"),
+                ("pause_leader_at", "pause"),
+                ("cut_off_leader_at", "cut-off"),
+            )
+            if params.get(name) is not None
+        ]
+        if params.get("skew"):
+            timed.append(f"skew {params['skew']}")
+        return line + (f"; {', '.join(timed)}" if timed else "")
+
+
+scenario = LeaderElectionScenario()

@@ -1,0 +1,93 @@
+/* The leader election's plug-in: leadership as bands on the replicas' lanes, so a gap
+   (no one believes it leads) and an overlap (two do: a stale leader) show at a glance,
+   and, in replay, the Lease and the replicas' beliefs at the moment shown. */
+"use strict";
+
+(function () {
+  const STARTS = new Set(["acquired"]);
+  const ENDS = new Set(["lost", "released", "killed", "stopped"]);
+
+  window.Occviz.plugins["leader-election"] = {
+    reset(model) {
+      model.bands = new Map(); // actor -> [{start, end}] while it believes it leads
+      model.lease = { holder: null, transitions: 0, version: null };
+    },
+
+    add(model, e) {
+      const bands = model.bands.get(e.actor) || [];
+      const open = bands.length && bands[bands.length - 1].end == null ? bands[bands.length - 1] : null;
+      if (STARTS.has(e.kind) && !open) bands.push({ start: e.t_ms, end: null });
+      else if (ENDS.has(e.kind) && open) open.end = e.t_ms;
+      model.bands.set(e.actor, bands);
+      if (e.kind === "acquired" || e.kind === "renewed") {
+        model.lease.holder = model.vocabulary.actorName(e.actor);
+        if (e.value_written != null) model.lease.transitions = e.value_written;
+        model.lease.version = e.version_written;
+      } else if (e.kind === "released") {
+        model.lease.holder = null;
+        model.lease.version = e.version_written;
+      }
+    },
+
+    stateFigures(model) {
+      let leading = 0;
+      for (const bands of model.bands.values()) if (bands.length && bands[bands.length - 1].end == null) leading += 1;
+      return { transitions: model.lease.transitions, leading };
+    },
+
+    /** Bands under the marks; above the lanes, red where two believe they lead, grey where none does. */
+    drawLanes(ctx, view) {
+      const { model, t0, t1, x, laneY, lay } = view;
+      const end = (band) => (band.end == null ? model.maxT : band.end);
+      const edges = [];
+      for (const [actor, bands] of model.bands) {
+        if (actor < 1 || actor > view.lanes) continue;
+        for (const band of bands) {
+          const a = Math.max(t0, band.start);
+          const b = Math.min(t1, end(band));
+          edges.push([band.start, 1], [end(band), -1]);
+          if (b <= a) continue;
+          ctx.fillStyle = "rgba(26, 158, 75, 0.18)";
+          ctx.fillRect(x(a), laneY(actor) + 2, Math.max(1, x(b) - x(a)), lay.laneH - 4);
+        }
+      }
+      // How many believe they lead, moment by moment.
+      edges.sort((p, q) => p[0] - q[0] || p[1] - q[1]);
+      let count = 0;
+      let since = 0;
+      const strip = (from, to, n) => {
+        const a = Math.max(t0, from);
+        const b = Math.min(t1, to);
+        if (b <= a || n === 1) return;
+        ctx.fillStyle = n === 0 ? "rgba(120, 120, 120, 0.35)" : "rgba(214, 40, 40, 0.85)";
+        ctx.fillRect(x(a), lay.top - 6, Math.max(1, x(b) - x(a)), 4);
+      };
+      for (const [t, delta] of edges) {
+        strip(since, t, count);
+        count += delta;
+        since = t;
+      }
+      strip(since, model.maxT, count);
+    },
+
+    renderState(el, model) {
+      const lines = [
+        "apiVersion: coordination.k8s.io/v1",
+        "kind: Lease",
+        "spec:",
+        `  holderIdentity: ${model.lease.holder || "null"}`,
+        `  leaseTransitions: ${model.lease.transitions}`,
+      ];
+      const pre = document.createElement("pre");
+      pre.className = "lease-yaml";
+      pre.textContent = lines.join("\n");
+      const leading = [];
+      for (const [actor, bands] of model.bands) {
+        if (bands.length && bands[bands.length - 1].end == null) leading.push(model.vocabulary.actorName(actor));
+      }
+      const p = document.createElement("p");
+      p.textContent = leading.length ? `Believe they lead: ${leading.join(", ")}` : "No replica believes it leads.";
+      el.replaceChildren(pre, p);
+    },
+  };
+})();
