@@ -10,6 +10,7 @@ OCCVIZ_PIN_ACTORS  keep a running job's threads on one CPU (default off)
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -86,7 +87,7 @@ else:
 
     _database = ensure_embedded_postgres(BASE_DIR / ".pgdata")
 # Persistent connections: the live stream reads the store about ten times a second per job.
-DATABASES = {
+DATABASES: dict[str, dict[str, Any]] = {
     "default": {
         **_database,
         "CONN_MAX_AGE": 60,

@@ -8,6 +8,7 @@ from typing import Any
 from django.contrib import admin
 from django.core.paginator import Paginator
 from django.db import connection
+from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from occviz.jobs.models import Event, EventBatch, Job
@@ -22,6 +23,8 @@ class JobAdmin(admin.ModelAdmin):
 
 class EventPaginator(Paginator):
     """Counts all events from their batches' ranges: counting the view itself would unnest every batch."""
+
+    object_list: QuerySet[Event]
 
     @cached_property
     def count(self) -> int:

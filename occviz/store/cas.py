@@ -22,7 +22,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+from django.core.exceptions import FieldDoesNotExist
 from django.db import connections, models
+from django.db.models.options import Options
 
 from occviz.store.session import PreparedSession
 
@@ -61,6 +63,14 @@ _ADD: Final = "add"  # the Add's amount
 _CLOCK: Final = "clock"  # nothing: the SQL says clock_timestamp()
 
 
+def _column(meta: Options[Any], name: str) -> models.Field[Any, Any]:
+    """The field `name` of a model: a column of its table, never a relation pointing at it."""
+    field = meta.get_field(name)
+    if not isinstance(field, models.Field):
+        raise FieldDoesNotExist(f"{meta.label}.{name} is a reverse relation, not a column")
+    return field
+
+
 def _binding(field: models.Field[Any, Any], how: bool | Now) -> str:
     if isinstance(how, Now):
         return _CLOCK
@@ -86,7 +96,7 @@ class Swap:
         returning: tuple[str | Now, ...],
     ) -> None:
         meta = model._meta
-        self.fields = tuple(meta.get_field(name) for name, _ in columns)
+        self.fields = tuple(_column(meta, name) for name, _ in columns)
         self._binds = tuple(_binding(field, how) for field, (_, how) in zip(self.fields, columns, strict=True))
         self.check_version = check_version
         sets = []
@@ -103,7 +113,7 @@ class Swap:
         if check_version:
             where += ' AND "resource_version" = %s'
         returned = ", ".join(
-            _CLOCK_SQL if isinstance(name, Now) else f'"{meta.get_field(name).column}"' for name in returning
+            _CLOCK_SQL if isinstance(name, Now) else f'"{_column(meta, name).column}"' for name in returning
         )
         self.sql = f'UPDATE "{meta.db_table}" SET {", ".join(sets)} WHERE {where} RETURNING {returned}'
 
@@ -168,5 +178,5 @@ def compare_and_swap(
     columns = tuple(
         (name, value if isinstance(value, Now) else isinstance(value, Add)) for name, value in changes.items()
     )
-    swap = swap_for(model, columns, expected_version is not ANY, tuple(returning))  # type: ignore[arg-type]
+    swap = swap_for(model, columns, expected_version is not ANY, tuple(returning))
     return swap.run(pk, expected_version, changes.values(), cursor=cursor, using=using)
