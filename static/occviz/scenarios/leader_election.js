@@ -68,6 +68,9 @@
         since = t;
       }
       strip(since, model.maxT, count);
+      // Who holds a band now, readable from outside (tests, a curious user's dev tools).
+      const leaders = [...model.bands].filter(([, b]) => b.length && b[b.length - 1].end == null).map(([a]) => a);
+      ctx.canvas.dataset.leaders = leaders.sort((a, b) => a - b).join(",");
     },
 
     renderState(el, model) {
