@@ -106,3 +106,69 @@ def test_limits_come_from_the_environment(run_manage) -> None:  # type: ignore[n
     assert result.returncode == 2
     assert "--writers: At most 2 writers (the OCCVIZ_MAX_WRITERS limit)." in result.stderr
     assert not Job.objects.exists()
+
+
+LEADER_KEYS = {
+    "id",
+    "scenario",
+    "duration_s",
+    "invariant_ok",
+    "invariant",
+    "replicas",
+    "transitions",
+    "leaders",
+    "failovers",
+    "max_leaders_at_once",
+    "renewals",
+    "acquire_attempts",
+    "conflicts",
+    "fenced_writes_rejected",
+    "fenced_writes_landed",
+}
+CLASSROOM = ["--replicas", "3", "--lease-duration", "3", "--renew-deadline", "2", "--retry-period", "0.5"]
+
+
+@pytest.mark.slow
+def test_runjob_leader_election_kills_the_leader_and_reports_the_failover(run_manage) -> None:  # type: ignore[no-untyped-def]
+    result = run_manage("runjob", "leader-election", *CLASSROOM, "--seconds", "9", "--kill-leader-at", "3", "--json")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert summary.keys() >= LEADER_KEYS
+    assert summary["replicas"] == 3 and summary["max_leaders_at_once"] == 1
+    assert summary["fenced_writes_landed"] == 0
+    (failover,) = summary["failovers"]
+    assert failover.keys() >= {"cause", "at_s", "new_leader_after_s", "bound_s"}
+    assert failover["cause"] == "kill" and failover["new_leader_after_s"] <= failover["bound_s"]
+    assert summary["transitions"] == 2
+    assert [leader["identity"] for leader in summary["leaders"]][0].startswith("replica-")
+    assert summary["leaders"][0].keys() >= {"identity", "from_s", "to_s"}
+    assert summary["invariant_ok"] is True, summary["invariant"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--replicas", "0"], "--replicas: Ensure this value is greater than or equal to 1"),
+        (
+            ["--lease-duration", "3", "--renew-deadline", "3", "--retry-period", "0.5"],
+            "--lease-duration: leaseDuration must be greater than renewDeadline",
+        ),
+        (
+            ["--lease-duration", "3", "--renew-deadline", "0.5", "--retry-period", "0.5"],
+            "--renew-deadline: renewDeadline must be greater than retryPeriod*JitterFactor",
+        ),
+        (
+            ["--replicas", "3", "--skew", "replica-9=30"],
+            "--skew: unknown replica 'replica-9': the job has replicas 1 to 3",
+        ),
+        (["--skew", "replica-2=soon"], "'replica-2=soon' is not REPLICA=SECONDS"),
+        (["--seconds", "5", "--kill-leader-at", "7"], "--kill-leader-at: 7 s is not within the 5 s the election runs"),
+        (["--pause-for", "4"], "--pause-for: Give the moment of the pause too"),
+        (["--replicas", "٣"], "invalid int value: '٣'"),
+    ],
+)
+def test_leader_election_bad_flags_are_refused_and_create_no_job(run_manage, flags, message) -> None:  # type: ignore[no-untyped-def]
+    result = run_manage("runjob", "leader-election", *flags, "--json")
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr
+    assert not Job.objects.exists()
