@@ -28,7 +28,7 @@ from occviz.scenarios.leader_election.elector import (
     objects_of,
 )
 from occviz.scenarios.leader_election.fencing import fenced_increment
-from occviz.scenarios.leader_election.proxy import DatabaseProxy
+from occviz.scenarios.leader_election.proxy import ProxyProcess
 from occviz.scenarios.leader_election.summary import (
     describe_failover,
     failover_bound_s,
@@ -184,18 +184,17 @@ def test_config_validation_gives_client_go_errors() -> None:
 def test_fenced_increment_rejects_a_token_older_than_the_newest() -> None:
     _, counter = create_objects("test-fencing")
     params = connection.settings_dict
-    proxy = DatabaseProxy(params["HOST"], int(params["PORT"] or 5432), name="test")
-    replica = ReplicaConnection(proxy)
-    try:
-        assert fenced_increment(replica, counter.pk, 2).landed
-        stale = fenced_increment(replica, counter.pk, 1)
-        assert not stale.landed
-        assert (stale.token, stale.newest_token, stale.version_read) == (1, 2, 2)
-        again = fenced_increment(replica, counter.pk, 2)  # the same leader writes again
-        assert (again.landed, again.newest_token, again.version_written, again.value) == (True, 2, 3, 2)
-    finally:
-        replica.close()
-        proxy.close()
+    with ProxyProcess(params["HOST"], int(params["PORT"] or 5432)) as proxies:
+        replica = ReplicaConnection(proxies.proxy("test"))
+        try:
+            assert fenced_increment(replica, counter.pk, 2).landed
+            stale = fenced_increment(replica, counter.pk, 1)
+            assert not stale.landed
+            assert (stale.token, stale.newest_token, stale.version_read) == (1, 2, 2)
+            again = fenced_increment(replica, counter.pk, 2)  # the same leader writes again
+            assert (again.landed, again.newest_token, again.version_written, again.value) == (True, 2, 3, 2)
+        finally:
+            replica.close()
     counter.refresh_from_db()
     assert (counter.value, counter.fencing_token, counter.resource_version) == (2, 2, 3)
 

@@ -1,10 +1,12 @@
-"""One replica's own PostgreSQL connection, through its proxy, and the statements the election runs on it.
+"""One replica's own PostgreSQL session, through its proxy, and the statements the election runs on it.
 
 A replica reads the Lease, writes it by compare-and-swap (occviz.store.cas, the
-one path that moves a resource_version) and runs its guarded writes here. When a
-statement fails (the proxy was cut, the server restarted) the connection is
-dropped; the next statement connects again, and `ensure()` says when that
-reconnection happened so the replica can record it.
+one path that moves a resource_version, with the database's clock at the write
+returned by the same statement) and runs its guarded writes here, on a
+PreparedSession of its own that connects through the replica's proxy. When a
+statement fails (the proxy was cut, the server restarted) the session is dropped;
+the next statement connects again, and `ensure()` says when that reconnection
+happened so the replica can record it.
 """
 
 from __future__ import annotations
@@ -14,16 +16,15 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-import django.db
 import psycopg
-from django.db import connections
 
 from occviz.scenarios.leader_election.proxy import DatabaseProxy
-from occviz.store.cas import compare_and_swap
+from occviz.store.cas import NOW, compare_and_swap
 from occviz.store.models import Lease
+from occviz.store.session import PreparedSession
 
-# What a lost or broken connection raises: Django's wrapped errors, or psycopg's own.
-DB_ERRORS: tuple[type[Exception], ...] = (django.db.Error, psycopg.Error)
+# What a lost or broken connection (or a failed statement) raises on a PreparedSession.
+DB_ERRORS: tuple[type[Exception], ...] = (psycopg.Error,)
 
 _READ_LEASE = (
     "SELECT holder_identity, lease_duration_seconds, acquire_time, renew_time, lease_transitions, resource_version "
@@ -62,39 +63,40 @@ class Written:
 
 
 class ReplicaConnection:
-    """A connection of the replica's own to the job's database, routed through `proxy`."""
+    """A session of the replica's own with the job's database, routed through `proxy`."""
 
     def __init__(self, proxy: DatabaseProxy, using: str = "default") -> None:
-        # A Django connection of its own (not the thread's shared one), with the alias' settings
-        # but the proxy's socket folder as host: cutting the proxy cuts exactly this replica.
-        self._wrapper = connections.create_connection(using)
-        self._wrapper.settings_dict = {
-            **self._wrapper.settings_dict,
-            "HOST": proxy.directory,
-            "PORT": str(proxy.port),
-        }
+        self._proxy = proxy
+        self._using = using
+        self._session: PreparedSession | None = None
         self._lost = False
 
     def ensure(self) -> bool:
         """Connect if needed; True when this re-established a connection lost to an error."""
-        self._wrapper.ensure_connection()
+        self._connected()
         reconnected, self._lost = self._lost, False
         return reconnected
 
+    def _connected(self) -> PreparedSession:
+        if self._session is None:
+            # The alias' parameters, but the proxy's socket folder as host: cutting the proxy
+            # cuts exactly this replica.
+            self._session = PreparedSession(self._using, host=self._proxy.directory, port=self._proxy.port)
+        return self._session
+
     def reset(self) -> None:
-        """Drop the connection after an error: the next statement connects again."""
+        """Drop the session after an error: the next statement connects again."""
         self._lost = True
-        with contextlib.suppress(*DB_ERRORS):
-            self._wrapper.close()
+        self.close()
 
     def close(self) -> None:
-        with contextlib.suppress(*DB_ERRORS):
-            self._wrapper.close()
+        session, self._session = self._session, None
+        if session is not None:
+            with contextlib.suppress(*DB_ERRORS):
+                session.close()
 
-    def one(self, sql: str, params: list[Any] | None = None) -> tuple[Any, ...] | None:
-        with self._wrapper.cursor() as cursor:
-            cursor.execute(sql, params)
-            return cursor.fetchone()
+    def one(self, sql: str, params: list[Any]) -> tuple[Any, ...] | None:
+        return self._connected().one(sql, params)
 
     def read_lease(self, lease_id: int) -> LeaseRecord:
         row = self.one(_READ_LEASE, [lease_id])
@@ -104,12 +106,14 @@ class ReplicaConnection:
 
     def write_lease(self, lease_id: int, expected_version: int, record: LeaseRecord) -> Written | None:
         """Compare-and-swap `record` onto the Lease; None if its version is no longer `expected_version`."""
-        # The database's clock, read just before the write: a follower can only have seen this write
-        # after it, so a leader judged valid from here until here + LeaseDuration never overlaps a
-        # successor that waited out the lease by its own observation (see summary.py).
-        (db_time,) = self.one("SELECT clock_timestamp()") or (None,)
-        with self._wrapper.cursor() as cursor:
-            result = compare_and_swap(Lease, lease_id, expected_version, record.changes(), cursor=cursor)
+        result = compare_and_swap(
+            Lease,
+            lease_id,
+            expected_version,
+            record.changes(),
+            returning=("resource_version", NOW),
+            cursor=self._connected(),
+        )
         if result is None:
             return None
-        return Written(result[0], db_time)
+        return Written(*result)

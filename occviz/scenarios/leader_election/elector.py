@@ -21,6 +21,7 @@ Every step is recorded through `record(actor, op, attempt, kind, row, **fields)`
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import random
@@ -35,7 +36,7 @@ from django.conf import settings
 
 from occviz.scenarios.leader_election.connection import DB_ERRORS, LeaseRecord, ReplicaConnection, Written
 from occviz.scenarios.leader_election.fencing import fenced_increment
-from occviz.scenarios.leader_election.proxy import DatabaseProxy
+from occviz.scenarios.leader_election.proxy import DatabaseProxy, ProxyProcess
 from occviz.store.models import Counter, Lease
 
 logger = logging.getLogger(__name__)
@@ -188,6 +189,7 @@ class LeaderElector:
         record: Record,
         end: threading.Event,
         rng: random.Random,
+        proxies: Callable[[str], DatabaseProxy],
         using: str = "default",
         on_started: Callable[[], None] = lambda: None,
     ) -> None:
@@ -201,6 +203,7 @@ class LeaderElector:
         self._record_event = record
         self._end = end
         self._on_started = on_started
+        self._proxies = proxies
         self.connection: ReplicaConnection | None = None
         self.proxy: DatabaseProxy | None = None
         # client-go's observedRecord and observedTime: the time is this replica's monotonic clock
@@ -417,7 +420,7 @@ class LeaderElector:
 
     def run(self, ready: Ready) -> None:
         """The replica's thread: connect, wait for the others, then elect until stopped, killed or ended."""
-        self.proxy = DatabaseProxy(*_upstream(self.using), name=self.identity)
+        self.proxy = self._proxies(self.identity)
         self.connection = ReplicaConnection(self.proxy, self.using)
         try:
             self.connection.ensure()  # before the barrier: connecting is not part of the race
@@ -552,7 +555,8 @@ class LeaderElector:
             self._record_control("killed", detail={"leading": self.leading})
             self.killed = True
         if self.proxy is not None:
-            self.proxy.cut(math.inf)  # its connection drops now, mid-statement if need be
+            with contextlib.suppress(RuntimeError):  # no proxy process left: nothing to drop
+                self.proxy.cut(None)  # its connection drops now, mid-statement if need be
         self.wake()
 
     def request_stop(self) -> None:
@@ -652,6 +656,7 @@ class LeaderElection:
         self._helpers: list[threading.Thread] = []
         self._added: list[threading.Thread] = []
         self._errors: list[BaseException] = []
+        self._proxy_process: ProxyProcess | None = None
         self._electors = {number: self._elector(number) for number in range(1, replicas + 1)}
         self._initial = list(self._electors.values())
 
@@ -664,6 +669,7 @@ class LeaderElection:
             record=self.record,
             end=self._end,
             rng=random.Random(self.seed * 1_000 + number),
+            proxies=self._proxy,
             using=self.using,
             on_started=self._on_started,
         )
@@ -698,6 +704,8 @@ class LeaderElection:
             self._wake_all()
             for thread in [*self._added, *self._helpers]:
                 thread.join()
+            if self._proxy_process is not None:
+                self._proxy_process.close()
         if self._errors:
             raise self._errors[0]
 
@@ -723,6 +731,14 @@ class LeaderElection:
             thread.start()
         for thread in threads:
             thread.join()
+
+    def _proxy(self, name: str) -> DatabaseProxy:
+        """A proxy for replica `name`, in the election's proxy process (started with the first replica)."""
+        with self._lock:
+            if self._proxy_process is None:
+                self._proxy_process = ProxyProcess(*_upstream(self.using))
+            process = self._proxy_process
+        return process.proxy(name)
 
     def _on_started(self) -> None:
         # Called by every replica past the barrier; the first one starts the clock and the helpers.

@@ -1,146 +1,229 @@
-"""A replica's own road to PostgreSQL: a small socket proxy that can be cut.
+"""Each replica's own road to PostgreSQL: a socket proxy that can be cut, in a process of its own.
 
-Each replica of a leader election connects through a proxy of its own: a Unix
+Every replica of a leader election connects through a proxy of its own: a Unix
 socket in a temporary folder, named as PostgreSQL names its socket
 (`.s.PGSQL.<port>`), so libpq connects to it with `host=<folder>` and the real
 port number. Every connection accepted there is forwarded to the real server (its
-Unix socket, or TCP host:port), one thread a connection.
+Unix socket, or TCP host:port).
 
-Cutting the proxy closes every forwarded connection and drops new ones for a
+Cutting a proxy closes every connection it forwards and drops new ones for a
 while: the replica then meets real connection errors ("server closed the
 connection unexpectedly") on its next statement and on every reconnect until the
-cut ends. Closing the proxy does the same for good: that is what kills a replica's
-connection from another thread (a Django connection may only be closed by the
-thread that opened it).
+cut ends. Cutting it for good is how a killed replica's connection drops at once,
+whatever its thread is doing.
+
+The forwarding runs in a child process (one per election, asyncio, this file run
+as a script), not in threads of the job's process: some libpq calls hold the
+interpreter lock while they wait for the server (psycopg's describe_prepared, for
+one), and a proxy thread needing that lock to pass the answer on would never get
+it. The child takes commands as JSON lines on its stdin and answers each with one
+line; it exits when its stdin closes, so it never outlives the job.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-import logging
+import json
 import os
-import select
 import shutil
-import socket
+import subprocess
+import sys
 import tempfile
 import threading
 import time
+from typing import IO, Any
 
-logger = logging.getLogger(__name__)
-
-# How often the accept loop looks whether it was closed.
-_ACCEPT_POLL_S = 0.1
-_CHUNK = 65536
+# -- in the job's process ---------------------------------------------------------------------------
 
 
-def _upstream_address(host: str, port: int) -> tuple[int, str | tuple[str, int]]:
-    """Where the real server listens: (address family, address) for `host` and `port` as libpq reads them."""
-    if not host or host.startswith("/"):
-        return socket.AF_UNIX, os.path.join(host or "/var/run/postgresql", f".s.PGSQL.{port}")
-    return socket.AF_INET6 if ":" in host else socket.AF_INET, (host, port)
+class ProxyProcess:
+    """The child process that forwards every replica's connections; `proxy(name)` opens one replica's."""
 
+    def __init__(self, upstream_host: str, port: int) -> None:
+        self.port = port
+        self._lock = threading.Lock()
+        # -I: no environment, user site or script folder (this folder's modules) on the path.
+        self._process = subprocess.Popen(
+            [sys.executable, "-I", os.path.abspath(__file__), upstream_host, str(port)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            bufsize=1,
+        )
 
-def _shutdown(sock: socket.socket) -> None:
-    # Wakes a pump thread blocked in select() on this socket; the pump itself then closes it
-    # (closing it from here could hand its descriptor to a new socket under the pump's feet).
-    with contextlib.suppress(OSError):
-        sock.shutdown(socket.SHUT_RDWR)
+    def request(self, **command: Any) -> dict[str, Any]:
+        """Send one command to the child and return its answer (RuntimeError if it failed)."""
+        with self._lock:
+            stdin, stdout = self._pipes()
+            try:
+                stdin.write(json.dumps(command) + "\n")
+                stdin.flush()
+                line = stdout.readline()
+            except (BrokenPipeError, ValueError) as error:
+                raise RuntimeError(f"the database proxy process is gone: {error}") from error
+        if not line:
+            raise RuntimeError(f"the database proxy process exited ({self._process.poll()})")
+        answer: dict[str, Any] = json.loads(line)
+        if "error" in answer:
+            raise RuntimeError(f"database proxy: {answer['error']}")
+        return answer
 
+    def _pipes(self) -> tuple[IO[str], IO[str]]:
+        assert self._process.stdin is not None and self._process.stdout is not None
+        return self._process.stdin, self._process.stdout
 
-def _close(sock: socket.socket) -> None:
-    _shutdown(sock)
-    with contextlib.suppress(OSError):
-        sock.close()
+    def proxy(self, name: str) -> DatabaseProxy:
+        """A new proxy for replica `name`: connect to its `directory` with the real port."""
+        answer = self.request(op="open", name=name)
+        return DatabaseProxy(self, name, answer["directory"], self.port)
+
+    def close(self) -> None:
+        """End the child (it closes every proxy and removes their folders)."""
+        with self._lock:
+            stdin, _ = self._pipes()
+            with contextlib.suppress(OSError, ValueError):
+                stdin.close()
+        try:
+            self._process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait()
+        with contextlib.suppress(OSError, ValueError):
+            self._pipes()[1].close()
+
+    def __enter__(self) -> ProxyProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 class DatabaseProxy:
-    """Forwards connections from `directory`/.s.PGSQL.<port> to the real server, until cut or closed."""
+    """One replica's proxy: connect with host=`directory`, port=`port`; cut it, close it."""
 
-    def __init__(self, upstream_host: str, port: int, *, name: str = "replica") -> None:
-        self.port = port
+    def __init__(self, process: ProxyProcess, name: str, directory: str, port: int) -> None:
+        self.process = process
         self.name = name
-        self._upstream = _upstream_address(upstream_host, port)
-        self.directory = tempfile.mkdtemp(prefix=f"occviz-{name}-")
-        self._path = os.path.join(self.directory, f".s.PGSQL.{port}")
-        self._lock = threading.Lock()
-        self._pairs: set[tuple[socket.socket, socket.socket]] = set()
+        self.directory = directory
+        self.port = port
         self._cut_until = 0.0
-        self._closed = threading.Event()
-        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._listener.bind(self._path)
-        self._listener.listen(16)
-        self._listener.settimeout(_ACCEPT_POLL_S)
-        self._thread = threading.Thread(target=self._accept_loop, name=f"{name}-proxy", daemon=True)
-        self._thread.start()
 
     @property
     def is_cut(self) -> bool:
-        return time.monotonic() < self._cut_until or self._closed.is_set()
+        return time.monotonic() < self._cut_until
 
-    def cut(self, seconds: float) -> None:
-        """Close every forwarded connection now and drop new ones for `seconds`."""
-        with self._lock:
-            self._cut_until = max(self._cut_until, time.monotonic() + seconds)
-            pairs = list(self._pairs)
-        for client, upstream in pairs:
-            _shutdown(client)
-            _shutdown(upstream)
+    def cut(self, seconds: float | None) -> None:
+        """Close every forwarded connection now and drop new ones for `seconds` (None: for good)."""
+        until = float("inf") if seconds is None else time.monotonic() + seconds
+        self._cut_until = max(self._cut_until, until)
+        self.process.request(op="cut", name=self.name, seconds=seconds)
 
     def close(self) -> None:
-        """Close every connection and the listener for good; remove the socket folder."""
-        self._closed.set()
-        self.cut(0)
-        self._thread.join()
-        with contextlib.suppress(OSError):
-            self._listener.close()
+        with contextlib.suppress(RuntimeError):
+            self.process.request(op="close", name=self.name)
+
+
+# -- in the child process ----------------------------------------------------------------------------
+
+
+class _Proxy:
+    """One replica's listener, and the connections it forwards."""
+
+    def __init__(self, name: str, upstream_host: str, port: int) -> None:
+        self.name = name
+        self.upstream_host = upstream_host
+        self.port = port
+        self.directory = tempfile.mkdtemp(prefix=f"occviz-{name}-")
+        self.cut_until = 0.0
+        self.transports: set[asyncio.WriteTransport] = set()
+        self.server: asyncio.AbstractServer | None = None
+
+    async def start(self) -> None:
+        path = os.path.join(self.directory, f".s.PGSQL.{self.port}")
+        self.server = await asyncio.start_unix_server(self._forward, path=path)
+
+    def cut(self, seconds: float | None) -> None:
+        self.cut_until = float("inf") if seconds is None else max(self.cut_until, time.monotonic() + seconds)
+        for transport in list(self.transports):
+            transport.abort()
+
+    async def close(self) -> None:
+        self.cut(None)
+        if self.server is not None:
+            self.server.close()
+            await self.server.wait_closed()
         shutil.rmtree(self.directory, ignore_errors=True)
 
-    def _accept_loop(self) -> None:
-        while not self._closed.is_set():
-            try:
-                client, _ = self._listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                if self._closed.is_set():
-                    return
-                raise
-            if self.is_cut:
-                # Dropped before the startup message is answered: libpq reports the server
-                # closed the connection unexpectedly, as it would on a broken network.
-                _close(client)
-                continue
-            family, address = self._upstream
-            upstream = socket.socket(family, socket.SOCK_STREAM)
-            try:
-                upstream.connect(address)
-            except OSError as error:
-                logger.warning("%s proxy: cannot reach the database at %s: %s", self.name, address, error)
-                _close(upstream)
-                _close(client)
-                continue
-            pair = (client, upstream)
-            with self._lock:
-                self._pairs.add(pair)
-            threading.Thread(target=self._pump, args=(pair,), name=f"{self.name}-proxy-pump", daemon=True).start()
-        with contextlib.suppress(OSError):
-            self._listener.close()
+    async def _upstream(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        if not self.upstream_host or self.upstream_host.startswith("/"):
+            folder = self.upstream_host or "/var/run/postgresql"
+            return await asyncio.open_unix_connection(os.path.join(folder, f".s.PGSQL.{self.port}"))
+        return await asyncio.open_connection(self.upstream_host, self.port)
 
-    def _pump(self, pair: tuple[socket.socket, socket.socket]) -> None:
-        client, upstream = pair
-        other = {client: upstream, upstream: client}
+    async def _forward(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
+        if time.monotonic() < self.cut_until:
+            # Dropped before the startup message is answered: libpq reports that the server
+            # closed the connection unexpectedly, as it would over a broken network.
+            client_writer.transport.abort()
+            return
         try:
-            while True:
-                readable, _, _ = select.select([client, upstream], [], [])
-                for sock in readable:
-                    data = sock.recv(_CHUNK)
-                    if not data:
-                        return
-                    other[sock].sendall(data)
-        except (OSError, ValueError):
-            return  # cut or closed under us (ValueError: select() on a closed socket)
+            upstream_reader, upstream_writer = await self._upstream()
+        except OSError as error:
+            print(f"{self.name} proxy: cannot reach the database: {error}", file=sys.stderr)
+            client_writer.transport.abort()
+            return
+        transports = {client_writer.transport, upstream_writer.transport}
+        self.transports |= transports
+        try:
+            pumps = [
+                asyncio.create_task(_pump(client_reader, upstream_writer)),
+                asyncio.create_task(_pump(upstream_reader, client_writer)),
+            ]
+            # Either side closing (or a cut aborting both) ends the pair.
+            await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
+            for pump in pumps:
+                pump.cancel()
         finally:
-            with self._lock:
-                self._pairs.discard(pair)
-            _close(client)
-            _close(upstream)
+            self.transports -= transports
+            for transport in transports:
+                transport.abort()
+
+
+async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    with contextlib.suppress(OSError):
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+
+
+async def _serve(upstream_host: str, port: int) -> None:
+    loop = asyncio.get_running_loop()
+    commands = asyncio.StreamReader()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(commands), sys.stdin)
+    proxies: dict[str, _Proxy] = {}
+    try:
+        while line := await commands.readline():
+            command = json.loads(line)
+            answer: dict[str, Any] = {}
+            try:
+                name = command["name"]
+                if command["op"] == "open":
+                    proxy = proxies[name] = _Proxy(name, upstream_host, port)
+                    await proxy.start()
+                    answer["directory"] = proxy.directory
+                elif command["op"] == "cut":
+                    proxies[name].cut(command["seconds"])
+                elif command["op"] == "close":
+                    await proxies.pop(name).close()
+            except Exception as error:
+                answer = {"error": f"{type(error).__name__}: {error}"}
+            sys.stdout.write(json.dumps(answer) + "\n")
+            sys.stdout.flush()
+    finally:
+        for proxy in proxies.values():
+            await proxy.close()
+
+
+if __name__ == "__main__":
+    asyncio.run(_serve(sys.argv[1], int(sys.argv[2])))
