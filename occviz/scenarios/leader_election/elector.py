@@ -15,6 +15,9 @@ What the scenario does, in order:
     election.run(seconds, run_actors=context.run_actors)   # returns when the replicas have ended
     summary = summarize(read_events(job.pk), Lease.objects.get(pk=lease.pk), config)
 
+While it runs, any thread may apply a control now: `election.apply(TimedControl("kill", 0))`
+hits whoever leads, `election.kill(2)` replica 2; `leader()` says who leads.
+
 Every step is recorded through `record(actor, op, attempt, kind, row, **fields)`
 (EventRecorder.record's signature); KINDS lists the kinds and the fields each uses.
 """
