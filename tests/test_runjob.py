@@ -140,7 +140,7 @@ def test_runjob_leader_election_kills_the_leader_and_reports_the_failover(run_ma
     assert failover.keys() >= {"cause", "at_s", "new_leader_after_s", "bound_s"}
     assert failover["cause"] == "kill" and failover["new_leader_after_s"] <= failover["bound_s"]
     assert summary["transitions"] == 2
-    assert [leader["identity"] for leader in summary["leaders"]][0].startswith("replica-")
+    assert summary["leaders"][0]["identity"].startswith("replica-")
     assert summary["leaders"][0].keys() >= {"identity", "from_s", "to_s"}
     assert summary["invariant_ok"] is True, summary["invariant"]
 

@@ -248,6 +248,11 @@ class Scenario:
     def actor_name(self, number: int) -> str:
         return self.actor_label.format(n=number)
 
+    @property
+    def actor_noun(self) -> str:
+        """What one actor is called ("writer", "replica")."""
+        return self.actor_label.replace("{n}", "").strip(" -_") or "actor"
+
     def setup(self, params: Mapping[str, Any]) -> str:
         """One line saying what a job with these parameters does (headers, job lists)."""
         return ", ".join(f"{key} {value}" for key, value in params.items() if value not in (None, ""))
