@@ -151,7 +151,8 @@ class JobEventsConsumer(AsyncJsonWebsocketConsumer):
                 await self.send(text_data=feed.encoded(run, html=self.html) if feed else wire_text(job_id, run))
         end = self.state.end()
         if self.html:
-            end["html"] = await database_sync_to_async(self.final_fragments)()
+            feed = self.feed
+            end["html"] = await (feed.end_html() if feed else database_sync_to_async(self.final_fragments)())
         await self.send_json(end)
         await self.close(code=1000)
 

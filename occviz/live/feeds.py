@@ -133,6 +133,8 @@ class JobFeed:
         self._channel = ""
         self._tasks: list[asyncio.Task[None]] = []
         self._texts: dict[tuple[int, int, bool], str] = {}
+        self._end_html: str | None = None
+        self._ending = asyncio.Lock()
         self.viewers = 0
         self.html_viewers = 0
         """Viewers that want the page's fragments with each frame: rendered here, once, for all of them."""
@@ -165,6 +167,21 @@ class JobFeed:
                 self._texts.clear()  # a cache of the window's ranges only: viewers are rarely far apart
             self._texts[key] = text
         return text
+
+    async def end_html(self) -> str:
+        """The page's fragments once the job has ended, rendered once for every viewer in this process.
+
+        From the last frame's totals and state (no recount of the job's events) and the final job row.
+        """
+        async with self._ending:
+            if self._end_html is None:
+                last = self.frames[-1].frame if self.frames else None
+                if last is None or last["seq_to"] < self.state.last_seq:
+                    self._end_html = await database_sync_to_async(fragments.first_render)(self.state, oob=True)
+                else:
+                    ctx = fragments.context(self.state, last["totals"], last["state"], self.log)
+                    self._end_html = await database_sync_to_async(fragments.render)(ctx)
+            return self._end_html
 
     # -- lifecycle ------------------------------------------------------------------
 
