@@ -38,7 +38,7 @@ from occviz.store.cas import swap_for
 from occviz.store.models import Counter
 
 MANAGE = str(Path(settings.BASE_DIR) / "manage.py")
-PARTS = ["engine", "streaming", "browser"]
+PARTS = ["engine", "streaming", "browser", "failover"]
 
 
 def pgbench_path() -> str:
@@ -92,6 +92,9 @@ class Command(BaseCommand):
         parser.add_argument("--viewers", type=int, default=50, help="streaming: JSON stream clients on one job")
         parser.add_argument("--pages", type=int, default=60, help="browser: job pages' sockets on one job")
         parser.add_argument(
+            "--failover-runs", type=int, default=20, help="failover: leader-election jobs that kill their leader"
+        )
+        parser.add_argument(
             "--part", nargs="+", choices=["all", *PARTS], default=["all"], help="the parts to run (default: all)"
         )
         parser.add_argument("--json", action="store_true", help="print the figures as JSON")
@@ -104,9 +107,12 @@ class Command(BaseCommand):
             and 1 <= seconds <= 120
             and 1 <= rounds <= 10
             and all(1 <= n <= 500 for n in viewers.values())
+            and 1 <= options["failover_runs"] <= 200
         ):
             raise CommandError(
-                "--writers 1..64, --seconds 1..120, --rounds 1..10, --viewers and --pages 1..500", returncode=2
+                "--writers 1..64, --seconds 1..120, --rounds 1..10, --viewers and --pages 1..500, "
+                "--failover-runs 1..200",
+                returncode=2,
             )
         parts = PARTS if "all" in options["part"] else [part for part in PARTS if part in options["part"]]
         # Measure what `make run` serves: every migration applied (the live layer's tables included).
@@ -121,6 +127,10 @@ class Command(BaseCommand):
             figures[part] = streaming_bench(
                 None, seconds=seconds, writers=writers, viewers=viewers[part], rounds=rounds, query=queries[part]
             )
+        if "failover" in parts:
+            from occviz.scenarios.leader_election.measure import measure_failovers
+
+            figures["failover"] = measure_failovers(options["failover_runs"], progress=self.stderr.write)
         if options["json"]:
             self.stdout.write(json.dumps(figures))
             return
@@ -137,6 +147,20 @@ class Command(BaseCommand):
             self._streaming("Streaming", "websocket clients of the JSON stream", figures["streaming"])
         if "browser" in figures:
             self._streaming("Browser-like", "job pages' sockets", figures["browser"])
+        if "failover" in figures:
+            failover = figures["failover"]
+            timings = failover["timings"]
+            self.stdout.write(
+                f"\nFailover after a kill: {failover['runs']} leader elections, {timings['replicas']} replicas, "
+                f"lease {timings['lease_duration']:g} s / renew deadline {timings['renew_deadline']:g} s / "
+                f"retry {timings['retry_period']:g} s\n"
+                f"  new leader after: min {failover['min_s']} s, median {failover['median_s']} s, "
+                f"max {failover['max_s']} s\n"
+                f"  within the bound of {failover['bound_s']:g} s: {failover['within_bound']} of "
+                f"{len(failover['failovers_s'])}; within LeaseDuration + 2.2 x RetryPeriod "
+                f"({failover['lease_plus_jittered_retry_s']:g} s): {failover['within_lease_plus_jittered_retry']}; "
+                f"invariant broken in {failover['invariant_broken']} run(s)"
+            )
 
     def _streaming(self, title: str, clients: str, figures: dict[str, Any]) -> None:
         self.stdout.write(
