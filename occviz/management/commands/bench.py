@@ -11,7 +11,10 @@ job unwatched (`occviz.live.bench.streaming_bench`), and the event-to-client lat
 browser: the same with 60 clients that open the socket the job page opens (every frame
 with the page's fragments).
 
-`--part` picks the parts (`--part streaming browser`); all three run by default.
+failover: 20 leader elections (classroom timings) that kill their leader, and how long
+each took to elect another, against its bound (`--failover-runs`).
+
+`--part` picks the parts (`--part streaming browser`); all four run by default.
 
 How to read the figures, and what they have been: docs/performance.md.
 """
