@@ -277,3 +277,29 @@ def test_static_assets_are_served_by_the_app(signed_in: Client) -> None:
     assert "django_htmx/htmx-2" in html
     assert "ext/hx-ws-2" in html
     assert "https://" not in html
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_leader_election_jobs_pages_render_from_its_declaration(signed_in: Client, alice: User) -> None:
+    from occviz.jobs.runner import run_job
+    from occviz.jobs.tasks import create_job
+
+    params = {"replicas": 2, "lease_duration": 1.5, "renew_deadline": 1.0, "retry_period": 0.25, "seconds": 2}
+    job = run_job(create_job("leader-election", params, alice).pk)
+    assert job.status == "succeeded" and job.summary["invariant_ok"], job.summary
+    page = signed_in.get(f"/jobs/{job.pk}/").content.decode()
+    assert f"Job #{job.pk}: Leader election" in page
+    assert "kind: Lease" in page and "leaseTransitions: 1" in page
+    assert "replica-1" in page and "lease transitions" in page
+    assert "acquired the lease (transition 1)" in page
+    assert "occviz/scenarios/leader_election.js" in page
+    assert 'data-control="kill"' not in page, "no failure controls once the job has ended"
+    replay = signed_in.get(f"/jobs/{job.pk}/replay/").content.decode()
+    assert "scenario-vocabulary" in replay and "leader_election.js" in replay
+    other = run_job(create_job("leader-election", {**params, "replicas": 3}, alice).pk)
+    compare = signed_in.get(f"/jobs/compare/?ids={job.pk},{other.pk}")
+    assert compare.status_code == 200
+    assert "most valid leaders at once" in compare.content.decode()
+    assert set(compare.context["series"]["jobs"][0]["rates"]) == {"renewed", "conflict", "backed_off"}
+    exported = signed_in.get(f"/jobs/{job.pk}/export.jsonl")
+    assert b'"kind":"acquired"' in b"".join(exported.streaming_content)  # type: ignore[attr-defined]
