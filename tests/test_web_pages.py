@@ -294,6 +294,9 @@ def test_a_leader_election_jobs_pages_render_from_its_declaration(signed_in: Cli
     assert "acquired the lease (transition 1)" in page
     assert "occviz/scenarios/leader_election.js" in page
     assert 'data-control="kill"' not in page, "no failure controls once the job has ended"
+    refused = signed_in.post(f"/jobs/{job.pk}/control/", {"action": "kill", "actor": "1"})
+    assert refused.status_code == 409 and "controls apply only while it runs" in refused.content.decode()
+    assert not job.controls.exists()
     replay = signed_in.get(f"/jobs/{job.pk}/replay/").content.decode()
     assert "scenario-vocabulary" in replay and "leader_election.js" in replay
     other = run_job(create_job("leader-election", {**params, "replicas": 3}, alice).pk)
