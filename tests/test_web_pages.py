@@ -291,7 +291,7 @@ def test_a_leader_election_jobs_pages_render_from_its_declaration(signed_in: Cli
     assert f"Job #{job.pk}: Leader election" in page
     assert "kind: Lease" in page and "leaseTransitions: 1" in page
     assert "replica-1" in page and "lease transitions" in page
-    assert "acquired the lease (transition 1)" in page
+    assert "renewed the lease." in page, "the log speaks in the kinds' sentences"
     assert "occviz/scenarios/leader_election.js" in page
     assert 'data-control="kill"' not in page, "no failure controls once the job has ended"
     refused = signed_in.post(f"/jobs/{job.pk}/control/", {"action": "kill", "actor": "1"})
