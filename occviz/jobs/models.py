@@ -43,6 +43,13 @@ class Job(models.Model):
     invariant_ok = models.BooleanField(null=True)
     error = models.TextField(blank=True)
     task_id = models.CharField(max_length=64, blank=True)
+    runner = models.CharField(
+        max_length=128, blank=True, help_text="The process running it (serve's worker, runjob), while it runs."
+    )
+    heartbeat_at = models.DateTimeField(
+        null=True, blank=True, help_text="Renewed every second by the process running it: its lease on itself."
+    )
+    events_pruned_at = models.DateTimeField(null=True, blank=True, help_text="When its events were deleted.")
 
     class Meta:
         ordering = ["-id"]
