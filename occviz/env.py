@@ -7,6 +7,7 @@ it expected, so a typo in a setting stops the start instead of changing behaviou
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
@@ -43,6 +44,16 @@ def envint(name: str, default: int, *, minimum: int = 1, maximum: int | None = N
         bounds = f"between {minimum} and {maximum}" if maximum is not None else f"at least {minimum}"
         raise ImproperlyConfigured(f"{name}={value} is out of range: it must be {bounds}.")
     return value
+
+
+def envpath(name: str, default: Path) -> Path:
+    """A folder: absolute as given, or relative to the working directory the process started in."""
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    if not raw.strip():
+        raise ImproperlyConfigured(f"{name} is set but empty: give a folder, or unset it for the default.")
+    return Path(raw.strip()).expanduser().resolve()
 
 
 def envlist(name: str, default: list[str]) -> list[str]:

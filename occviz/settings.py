@@ -1,6 +1,7 @@
 """occviz settings, read from the environment and validated at start.
 
-DATABASE_URL   any PostgreSQL; unset: the embedded PostgreSQL in .pgdata/
+OCCVIZ_DATA_DIR  the folder occviz keeps its own files in (default .pgdata/, git-ignored)
+DATABASE_URL   any PostgreSQL; unset: the embedded PostgreSQL in the data folder
 REDIS_URL      channel layer on Redis; unset: PostgreSQL LISTEN/NOTIFY carries it
 SECRET_KEY, DEBUG, ALLOWED_HOSTS, CSRF_TRUSTED_ORIGINS
 OCCVIZ_MAX_*   the limits on one job (checked by occviz/scenarios/base.py)
@@ -14,9 +15,11 @@ from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 
-from occviz.env import database_from_url, envbool, envint, envlist, envstr, redis_url
+from occviz.env import database_from_url, envbool, envint, envlist, envpath, envstr, redis_url
 
 BASE_DIR = Path(__file__).resolve().parent.parent
+# The embedded PostgreSQL's data (DATA_DIR/data) and the files one installation keeps for itself.
+DATA_DIR = envpath("OCCVIZ_DATA_DIR", BASE_DIR / ".pgdata")
 
 DEBUG = envbool("DEBUG", False)
 _DEV_SECRET = "occviz-development-key-not-for-production"
@@ -85,7 +88,7 @@ if _database_url:
 else:
     from occviz.embedded import ensure_embedded_postgres
 
-    _database = ensure_embedded_postgres(BASE_DIR / ".pgdata")
+    _database = ensure_embedded_postgres(DATA_DIR)
 # Persistent connections: the live stream reads the store about ten times a second per job.
 DATABASES: dict[str, dict[str, Any]] = {
     "default": {
