@@ -5,18 +5,26 @@ process) calls `run_job`. It moves the job to running by compare-and-swap (so a
 job cancelled while queued is never started, and two workers never run the same
 job), starts the event recorder, lets the scenario run its actors, and records the
 outcome. Actors stop early on cancel, on the time limit, or when one of them fails.
+
+While it runs, the job holds a lease on itself: `runner` names this process and a
+`Heartbeat` thread renews `heartbeat_at` every second. A job whose heartbeat stops (its
+process was killed, or lost PostgreSQL for too long) is ended by whichever occviz process
+notices first (`occviz.jobs.reaper`). `stop_all_jobs` is what a signal handler calls.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import threading
+import time
 import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from django.conf import settings
-from django.db import connections
+from django.db import DatabaseError, connection, connections
 from django.utils import timezone
 
 from occviz.jobs.affinity import one_cpu, quick_handoffs
@@ -30,6 +38,11 @@ logger = logging.getLogger(__name__)
 Actor = Callable[[Callable[[], object]], None]
 # A control asked for while the job runs: (action, target actor or None, seconds or None).
 ControlHandler = Callable[[str, int | None, float | None], None]
+
+# How often a running job renews its heartbeat (the reapers' timeout is OCCVIZ_HEARTBEAT_TIMEOUT_S).
+HEARTBEAT_INTERVAL_S = 1.0
+# How long the runner keeps trying to record a job's end while PostgreSQL is unreachable (restarting).
+FINAL_WRITE_PATIENCE_S = 15.0
 
 
 class JobContext:
@@ -115,10 +128,109 @@ class JobContext:
             connections.close_all()
 
 
-def run_job(job_id: int) -> Job:
-    """Run a queued job to its end; returns it in its final state."""
+def runner_id(kind: str) -> str:
+    """Who runs a job, as `Job.runner` records it: OCCVIZ_RUNNER_ID if set, else `kind:host:pid`."""
+    return os.environ.get("OCCVIZ_RUNNER_ID") or f"{kind}:{socket.gethostname()}:{os.getpid()}"
+
+
+class Heartbeat:
+    """A running job's lease on itself: `heartbeat_at` renewed every second, from a thread and connection of its own.
+
+    Each renewal is a compare-and-swap on the job's status and runner. Zero rows means the
+    job was ended by someone else (a reaper that saw no heartbeat for longer than the
+    timeout, after this process was paused or cut off), and `on_lost` stops the actors at
+    once. A renewal that fails (PostgreSQL restarting) is tried again a second later on a
+    new connection: the job is reaped only if that lasts longer than the timeout.
+    """
+
+    def __init__(
+        self, job_id: int, runner: str, on_lost: Callable[[], None], *, interval: float = HEARTBEAT_INTERVAL_S
+    ) -> None:
+        self.job_id = job_id
+        self.runner = runner
+        self.on_lost = on_lost
+        self.interval = interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"job-{job_id}-heartbeat", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def beat(self) -> bool:
+        """Renew the lease now; False if the job is no longer running here."""
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "UPDATE jobs_job SET heartbeat_at = now() WHERE id = %s AND status = 'running' AND runner = %s",
+                [self.job_id, self.runner],
+            )
+            return cursor.rowcount == 1
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                try:
+                    renewed = self.beat()
+                except DatabaseError as error:
+                    logger.warning("job %s: renewing its heartbeat failed, retrying: %s", self.job_id, error)
+                    connection.close()
+                else:
+                    if not renewed:
+                        if not self._stop.is_set():
+                            logger.warning("job %s was ended by another process: stopping its actors", self.job_id)
+                            self.on_lost()
+                        return
+                self._stop.wait(self.interval)
+        finally:
+            connection.close()
+
+
+# The jobs this process runs now, so a signal can stop them (`stop_all_jobs`). Reentrant:
+# the signal handler runs in the main thread, possibly while that thread holds the lock.
+_running_lock = threading.RLock()
+_running: dict[int, JobContext] = {}
+_stopping_reason: str | None = None
+
+
+def stop_all_jobs(reason: str = "cancelled") -> list[int]:
+    """Stop every job this process runs (their actors within a second), and refuse any it would start after.
+
+    For a process that was asked to stop (SIGINT, SIGTERM): each job records `reason`
+    ("cancelled" ends it as cancelled, with its summary). Safe to call from a signal handler.
+    Returns the ids of the jobs it stopped.
+    """
+    global _stopping_reason
+    with _running_lock:
+        _stopping_reason = reason
+        contexts = list(_running.values())
+    for context in contexts:
+        context.request_stop(reason)
+    return [context.job.pk for context in contexts]
+
+
+def _failure(error: BaseException) -> str:
+    """A job's `error` for an exception: the one-line reason first (pages and `manage.py jobs` show it), then where."""
+    return f"{type(error).__name__}: {error}\n\n{traceback.format_exc()}"
+
+
+def run_job(job_id: int, *, runner: str | None = None) -> Job:
+    """Run a queued job to its end, holding its lease while it runs; returns it in its final state.
+
+    `runner` names this process on the job row (default: `runner_id("worker")`).
+    """
     job = Job.objects.get(pk=job_id)
-    if not job.move(Job.Status.QUEUED, Job.Status.RUNNING, started_at=timezone.now()):
+    if _stopping_reason is not None:
+        # A signal arrived between the job's creation (or claim) and its start: it never begins.
+        if not job.move(Job.Status.QUEUED, Job.Status.CANCELLED, cancel_requested=True, finished_at=timezone.now()):
+            job.refresh_from_db()
+        return job
+    runner = runner or runner_id("worker")
+    started = timezone.now()
+    if not job.move(Job.Status.QUEUED, Job.Status.RUNNING, started_at=started, runner=runner, heartbeat_at=started):
         logger.info("job %s is %s, not queued: not running it", job.pk, job.status)
         return job
     runnable = program(job.scenario)
@@ -126,18 +238,35 @@ def run_job(job_id: int) -> Job:
     observers = observers_for(job)
     recorder.listeners.extend(observer.stored for observer in observers)
     context = JobContext(job, recorder)
+    heartbeat = Heartbeat(job.pk, runner, on_lost=lambda: context.request_stop("ended elsewhere"))
+    with _running_lock:
+        _running[job.pk] = context
+        if _stopping_reason is not None:
+            context.request_stop(_stopping_reason)
     summary: dict[str, Any] | None = None
     error = ""
-    # The flusher and the actors start inside: pinned, they inherit the one CPU.
-    with one_cpu(), quick_handoffs():
-        recorder.start()
-        try:
-            summary = runnable.run(context)
-        except Exception:
-            error = traceback.format_exc()
-            logger.exception("job %s failed", job.pk)
-        finally:
-            recorder.stop()
+    interrupted: BaseException | None = None
+    try:
+        heartbeat.start()
+        # The flusher and the actors start inside: pinned, they inherit the one CPU.
+        with one_cpu(), quick_handoffs():
+            recorder.start()
+            try:
+                summary = runnable.run(context)
+            except Exception as failure:
+                error = _failure(failure)
+                logger.exception("job %s failed", job.pk)
+            except BaseException as stopped:  # KeyboardInterrupt, SystemExit: record the end, then go on stopping
+                interrupted = stopped
+                context.request_stop("interrupted")
+                error = f"its process was stopped ({type(stopped).__name__}) before the job ended"
+            finally:
+                recorder.stop()
+    finally:
+        # Stopped before the final write: once the job is no longer running here, nothing renews it.
+        heartbeat.stop()
+        with _running_lock:
+            _running.pop(job.pk, None)
     if context.errors:
         error = "\n".join(context.errors)
     if error:
@@ -157,8 +286,8 @@ def run_job(job_id: int) -> Job:
             "stopped_by": context.stop_reason or None,
             "events": recorder.last_seq,
         }
-    job.move(
-        Job.Status.RUNNING,
+    _record_end(
+        job,
         status,
         finished_at=timezone.now(),
         last_seq=recorder.last_seq,
@@ -167,5 +296,37 @@ def run_job(job_id: int) -> Job:
         error=error,
     )
     for observer in observers:
-        observer.ended(job)
+        try:
+            observer.ended(job)
+        except Exception:
+            logger.exception("job %s: telling an observer of its end failed", job.pk)
+    if interrupted is not None:
+        raise interrupted
     return job
+
+
+def _record_end(job: Job, status: str, **fields: Any) -> None:
+    """Move the job from running to `status`, retrying for a while if PostgreSQL is restarting.
+
+    If the job was ended meanwhile by someone else (a reaper, a deletion), `job` is
+    refreshed to what they recorded. If PostgreSQL stays away longer than
+    FINAL_WRITE_PATIENCE_S, the job is left to the reapers: its heartbeat has stopped.
+    """
+    deadline = time.monotonic() + FINAL_WRITE_PATIENCE_S
+    pause = 0.2
+    while True:
+        try:
+            if not job.move(Job.Status.RUNNING, status, **fields):
+                logger.warning("job %s was ended by another process before its runner could record it", job.pk)
+                job.refresh_from_db()
+            return
+        except Job.DoesNotExist:
+            return
+        except DatabaseError as error:
+            if connection.in_atomic_block or time.monotonic() >= deadline:
+                logger.exception("job %s: its end could not be recorded (%s): left to the reapers", job.pk, status)
+                return
+            logger.warning("job %s: recording its end failed, retrying: %s", job.pk, error)
+            connection.close()  # the next attempt connects afresh
+            time.sleep(pause)
+            pause = min(pause * 2, 2.0)
