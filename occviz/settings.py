@@ -3,7 +3,9 @@
 OCCVIZ_DATA_DIR  the folder occviz keeps its own files in (default .pgdata/, git-ignored)
 DATABASE_URL   any PostgreSQL; unset: the embedded PostgreSQL in the data folder
 REDIS_URL      channel layer on Redis; unset: PostgreSQL LISTEN/NOTIFY carries it
-SECRET_KEY, DEBUG, ALLOWED_HOSTS, CSRF_TRUSTED_ORIGINS
+SECRET_KEY     unset: a key generated once and kept in the data folder (occviz/deploy.py)
+DEBUG, ALLOWED_HOSTS, CSRF_TRUSTED_ORIGINS
+OCCVIZ_HTTPS, OCCVIZ_HSTS_*, OCCVIZ_TRUST_X_FORWARDED_PROTO  serving over HTTPS (README: Configuration)
 OCCVIZ_MAX_*   the limits on one job (checked by occviz/scenarios/base.py)
 OCCVIZ_PIN_ACTORS  keep a running job's threads on one CPU (default off)
 """
@@ -15,6 +17,7 @@ from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 
+from occviz.deploy import stored_secret_key
 from occviz.env import database_from_url, envbool, envint, envlist, envpath, envstr, redis_url
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -22,12 +25,22 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 DATA_DIR = envpath("OCCVIZ_DATA_DIR", BASE_DIR / ".pgdata")
 
 DEBUG = envbool("DEBUG", False)
-_DEV_SECRET = "occviz-development-key-not-for-production"
-SECRET_KEY = envstr("SECRET_KEY", _DEV_SECRET)
+# Unset, the key is this data folder's own: a key anyone can read in the source would let them forge sessions.
+SECRET_KEY = envstr("SECRET_KEY", "") or stored_secret_key(DATA_DIR)
 if not SECRET_KEY.strip():
     raise ImproperlyConfigured("SECRET_KEY is set but empty.")
 ALLOWED_HOSTS = envlist("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"])
 CSRF_TRUSTED_ORIGINS = envlist("CSRF_TRUSTED_ORIGINS", [])
+
+# Served over HTTPS: cookies travel only over it, plain HTTP is redirected, browsers are told to keep to it.
+OCCVIZ_HTTPS = envbool("OCCVIZ_HTTPS", False)
+SECURE_SSL_REDIRECT = SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = OCCVIZ_HTTPS
+SECURE_HSTS_SECONDS = envint("OCCVIZ_HSTS_SECONDS", 31_536_000 if OCCVIZ_HTTPS else 0, minimum=0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = envbool("OCCVIZ_HSTS_INCLUDE_SUBDOMAINS", False)
+SECURE_HSTS_PRELOAD = envbool("OCCVIZ_HSTS_PRELOAD", False)
+# Only behind a proxy that sets X-Forwarded-Proto itself: trusted otherwise, any client could claim HTTPS.
+if envbool("OCCVIZ_TRUST_X_FORWARDED_PROTO", False):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 
 INSTALLED_APPS = [
     "daphne",
@@ -143,8 +156,6 @@ OCCVIZ_MAX_SECONDS = envint("OCCVIZ_MAX_SECONDS", 300, maximum=86_400)
 OCCVIZ_MAX_THINK_MS = envint("OCCVIZ_MAX_THINK_MS", 5_000, maximum=600_000)
 OCCVIZ_MAX_ATTEMPTS = envint("OCCVIZ_MAX_ATTEMPTS", 1_000, maximum=1_000_000)
 OCCVIZ_WORKERS = envint("OCCVIZ_WORKERS", 2, maximum=32)
-# A running job renews its heartbeat every second; one silent this long lost its runner and is ended.
-OCCVIZ_HEARTBEAT_TIMEOUT_S = envint("OCCVIZ_HEARTBEAT_TIMEOUT_S", 10, minimum=2, maximum=3_600)
 # On, a running job's threads share one CPU (occviz/jobs/affinity.py): worth it only where they,
 # not the disk, hold the job back (measurements: docs/performance.md).
 OCCVIZ_PIN_ACTORS = envbool("OCCVIZ_PIN_ACTORS", False)

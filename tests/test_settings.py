@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
-from occviz.env import database_from_url, envbool, envint, envlist, redis_url
+from occviz.env import database_from_url, envbool, envint, envlist, envpath, redis_url
 from tests.conftest import manage
 
 
@@ -21,6 +23,9 @@ from tests.conftest import manage
         ({"OCCVIZ_MAX_SECONDS": "99999999"}, "OCCVIZ_MAX_SECONDS=99999999 is out of range"),
         ({"ALLOWED_HOSTS": " , "}, "ALLOWED_HOSTS is set but empty"),
         ({"SECRET_KEY": " "}, "SECRET_KEY is set but empty"),
+        ({"OCCVIZ_DATA_DIR": " "}, "OCCVIZ_DATA_DIR is set but empty"),
+        ({"OCCVIZ_HTTPS": "sometimes"}, "OCCVIZ_HTTPS='sometimes' is not a boolean"),
+        ({"OCCVIZ_HSTS_SECONDS": "-1"}, "OCCVIZ_HSTS_SECONDS=-1 is out of range: it must be at least 0"),
     ],
 )
 def test_a_bad_setting_stops_the_start_with_a_clear_error(env: dict[str, str], message: str) -> None:
@@ -30,7 +35,7 @@ def test_a_bad_setting_stops_the_start_with_a_clear_error(env: dict[str, str], m
     assert "ImproperlyConfigured" in result.stderr
 
 
-def test_typed_readers(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_typed_readers(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("FLAG", "Yes")
     monkeypatch.setenv("COUNT", " 12 ")
     monkeypatch.setenv("HOSTS", "a.example, b.example")
@@ -40,6 +45,10 @@ def test_typed_readers(monkeypatch: pytest.MonkeyPatch) -> None:
     assert envlist("HOSTS", []) == ["a.example", "b.example"]
     with pytest.raises(ImproperlyConfigured, match="between 1 and 10"):
         envint("COUNT", 1, maximum=10)
+    assert envpath("UNSET_FOLDER", tmp_path) == tmp_path
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("FOLDER", "data ")
+    assert envpath("FOLDER", Path("/elsewhere")) == tmp_path / "data", "relative to where the process started"
 
 
 def test_database_url_forms() -> None:

@@ -7,21 +7,30 @@ for `think_ms`): the form holds every default, limit and help text, and validate
 the flags say, so the same input gets the same error here as in the browser. The job is
 recorded like any other (events, summary, admin), but no worker is needed: the actors
 run as threads of this command.
+
+While the job runs, this process holds its lease (`Job.runner` is `runjob:<host>:<pid>`).
+Ctrl-C (SIGINT) or SIGTERM stops the actors within a second and records the job as
+cancelled, with its summary; the command then exits with 128 + the signal's number. A
+second Ctrl-C stops at once (the job is then ended by the reapers, as any whose runner died).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable, Iterable
+import signal
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any, cast
 
 from django import forms
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from occviz.jobs.models import Job
+from occviz.jobs.reaper import end_stale_jobs
 from occviz.jobs.registry import ParamsError
-from occviz.jobs.runner import run_job
+from occviz.jobs.runner import run_job, runner_id, stop_all_jobs
 from occviz.jobs.tasks import create_job
 from occviz.scenarios import SCENARIOS
 from occviz.scenarios.base import Scenario
@@ -86,15 +95,27 @@ class Command(BaseCommand):
             value = options.get(name)
             if value is not None:
                 data[name] = " ".join(map(str, value)) if name in spec.list_params else value
-        try:
-            job = create_job(spec.name, data)
-        except ParamsError as error:
-            flags = "; ".join(
-                f"{_flag(field)}: {' '.join(messages)}" if field != "__all__" else " ".join(messages)
-                for field, messages in error.errors.items()
+        # A signal from here on cancels the job, even one not started yet (run_job then never begins it).
+        with _stopped_by_signal() as stopped_by:
+            try:
+                job = create_job(spec.name, data)
+            except ParamsError as error:
+                flags = "; ".join(
+                    f"{_flag(field)}: {' '.join(messages)}" if field != "__all__" else " ".join(messages)
+                    for field, messages in error.errors.items()
+                )
+                raise CommandError(f"invalid job: {flags}", returncode=2) from None
+            end_stale_jobs()  # this process notices dead runners too, as every occviz process does
+            job = run_job(job.pk, runner=runner_id("runjob"))
+        if stopped_by:
+            signum = stopped_by[0]
+            if job.summary is not None:
+                self.stdout.write(json.dumps(job.summary) if options["json"] else _readable(spec, job))
+            raise CommandError(
+                f"stopped by {signal.Signals(signum).name}: job {job.pk} is {job.status} "
+                f"({job.last_seq} events recorded)",
+                returncode=128 + signum,
             )
-            raise CommandError(f"invalid job: {flags}", returncode=2) from None
-        job = run_job(job.pk)
         if job.summary is None:
             raise CommandError(f"job {job.pk} failed:\n{job.error}")
         self.stdout.write(json.dumps(job.summary) if options["json"] else _readable(spec, job))
@@ -102,6 +123,33 @@ class Command(BaseCommand):
             raise CommandError(f"job {job.pk} failed:\n{job.error}")
         if not job.summary["invariant_ok"]:
             raise CommandError(f"job {job.pk}: invariant broken: {job.summary['invariant']}")
+
+
+@contextmanager
+def _stopped_by_signal() -> Iterator[list[int]]:
+    """While inside, SIGINT and SIGTERM stop the running job (as cancelled); yields the signals received.
+
+    A second signal falls through to the default (KeyboardInterrupt, or termination).
+    """
+    received: list[int] = []
+    if threading.current_thread() is not threading.main_thread():  # call_command from a thread: no signals here
+        yield received
+        return
+    previous = {signum: signal.getsignal(signum) or signal.SIG_DFL for signum in (signal.SIGINT, signal.SIGTERM)}
+
+    def stop(signum: int, frame: object) -> None:
+        received.append(signum)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        stop_all_jobs("cancelled")
+
+    for signum in previous:
+        signal.signal(signum, stop)
+    try:
+        yield received
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def _readable(spec: Scenario, job: Job) -> str:
