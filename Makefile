@@ -11,7 +11,7 @@ PY := $(VENV)/bin/python
 PYTHON ?= $(shell for p in python3.12 python3.13 python3 $$(ls -d $$HOME/.pyenv/versions/3.1[2-9]*/bin/python3 2>/dev/null); do \
 	$$p -c 'import sys; sys.exit(sys.version_info < (3, 12))' >/dev/null 2>&1 && { echo $$p; break; }; done)
 
-.PHONY: run test lint typecheck check bench clean
+.PHONY: run test lint typecheck check bench soak clean
 
 $(VENV)/.installed: requirements.txt
 	@test -n "$(PYTHON)" || { echo "occviz needs Python 3.12 or newer (python3.12, python3.13 or python3)"; exit 1; }
@@ -36,6 +36,11 @@ typecheck: $(VENV)/.installed
 
 bench: $(VENV)/.installed
 	$(PY) manage.py bench
+
+# Not in CI: a thousand randomized jobs, every invariant checked (SOAK_JOBS=N, SOAK_SEED=S to replay).
+SOAK_JOBS ?= 1000
+soak: $(VENV)/.installed
+	$(PY) manage.py soak --jobs $(SOAK_JOBS) $(if $(SOAK_SEED),--seed $(SOAK_SEED))
 
 clean:
 	rm -rf $(VENV) .pgdata .pytest_cache .mypy_cache .ruff_cache
