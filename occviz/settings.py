@@ -156,6 +156,8 @@ OCCVIZ_MAX_SECONDS = envint("OCCVIZ_MAX_SECONDS", 300, maximum=86_400)
 OCCVIZ_MAX_THINK_MS = envint("OCCVIZ_MAX_THINK_MS", 5_000, maximum=600_000)
 OCCVIZ_MAX_ATTEMPTS = envint("OCCVIZ_MAX_ATTEMPTS", 1_000, maximum=1_000_000)
 OCCVIZ_WORKERS = envint("OCCVIZ_WORKERS", 2, maximum=32)
+# A running job renews its heartbeat every second; one silent this long lost its runner and is ended.
+OCCVIZ_HEARTBEAT_TIMEOUT_S = envint("OCCVIZ_HEARTBEAT_TIMEOUT_S", 10, minimum=2, maximum=3_600)
 # On, a running job's threads share one CPU (occviz/jobs/affinity.py): worth it only where they,
 # not the disk, hold the job back (measurements: docs/performance.md).
 OCCVIZ_PIN_ACTORS = envbool("OCCVIZ_PIN_ACTORS", False)
