@@ -54,6 +54,7 @@ class JobState:
     last_seq: int
     summary: dict[str, Any] | None
     invariant_ok: bool | None
+    error: str = ""
 
     @property
     def finished(self) -> bool:
@@ -87,6 +88,7 @@ class JobState:
             "finished": self.finished,
             "summary": self.summary,
             "invariant_ok": self.invariant_ok,
+            "error": self.error,
         }
 
     def end(self) -> dict[str, Any]:
@@ -96,7 +98,7 @@ class JobState:
 def read_job_state(job_id: int) -> JobState | None:
     job = (
         Job.objects.filter(pk=job_id)
-        .only("scenario", "strategy", "params", "status", "last_seq", "summary", "invariant_ok")
+        .only("scenario", "strategy", "params", "status", "last_seq", "summary", "invariant_ok", "error")
         .first()
     )
     return None if job is None else job_state(job)
@@ -109,6 +111,7 @@ def job_state(job: Job) -> JobState:
         last_seq=job.last_seq,
         summary=job.summary,
         invariant_ok=job.invariant_ok,
+        error=job.error,
     )
 
 

@@ -26,6 +26,7 @@ from django_htmx.http import HttpResponseClientRedirect
 from django_htmx.middleware import HtmxDetails
 
 from occviz.jobs.models import Job, JobControl, JobNotRunning
+from occviz.jobs.reaper import end_if_stale
 from occviz.jobs.registry import ParamsError
 from occviz.jobs.tasks import launch
 from occviz.live import fragments
@@ -172,6 +173,8 @@ def _job_context(request: HttpRequest, job: Job, control_note: str = "") -> dict
 @login_required
 def job_detail(request: HtmxHttpRequest, job_id: int) -> HttpResponse:
     job = get_object_or_404(Job.objects.select_related("created_by"), pk=job_id)
+    # A job whose runner died says so here, rather than "running" (or "cancelling...") forever.
+    end_if_stale(job)
     context = _job_context(request, job)
     # The page's script asks for the controls again when the job ends (no more cancel button).
     if request.htmx and request.htmx.target in ("controls", "actor-controls"):
