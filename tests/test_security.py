@@ -1,18 +1,25 @@
 """Safe defaults: a secret key of the installation's own, refusals before a public bind, a clean
-`check --deploy` with production settings."""
+`check --deploy` with production settings, websockets that refuse without a traceback and say
+why in their close frame."""
 
 from __future__ import annotations
 
+import base64
+import itertools
 import json
 import os
+import socket
 import stat
 import subprocess
 import sys
 import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from channels.testing import WebsocketCommunicator
 from django.contrib.auth.models import User
 from django.contrib.messages import constants
 from django.contrib.messages.storage.cookie import CookieStorage
@@ -20,12 +27,16 @@ from django.http import HttpResponse
 from django.test import Client, RequestFactory, override_settings
 from django.utils.safestring import mark_safe
 
+from occviz.asgi import application
 from occviz.deploy import SECRET_KEY_FILE, public_bind_problems, stored_secret_key
+from occviz.jobs.tasks import create_job
+from occviz.live.consumers import MAX_CLOSE_REASON
 from tests.conftest import ROOT
 
 # The key the source used to hold: whoever read it could sign sessions and messages.
 PUBLIC_KEY = "occviz-development-key-not-for-production"
 SCRIPT = "<script>alert('forged')</script>"
+ORIGIN = (b"origin", b"http://127.0.0.1")
 NOWHERE = "postgresql://nobody@127.0.0.1:1/none"  # the settings load without connecting
 
 
@@ -200,3 +211,135 @@ def test_https_settings_come_from_the_environment() -> None:
     behind_a_proxy = settings_in_a_new_process(proxied, *names)
     assert behind_a_proxy["SECURE_HSTS_SECONDS"] == 3600
     assert behind_a_proxy["SECURE_PROXY_SSL_HEADER"] == ["HTTP_X_FORWARDED_PROTO", "https"]
+
+
+# Websockets: refusals without a traceback, with their reason
+
+
+async def closing_messages(communicator: WebsocketCommunicator) -> tuple[list[Any], dict[str, Any]]:
+    """The JSON messages a socket sends before it closes, and its close."""
+    messages = []
+    while True:
+        output = await communicator.receive_output(10)
+        if output["type"] == "websocket.close":
+            return messages, output
+        messages.append(json.loads(output["text"]))
+
+
+@pytest.fixture
+def session_cookie(db: None) -> bytes:
+    client = Client()
+    client.force_login(User.objects.create_user("viewer", password="correct horse battery"))
+    return f"sessionid={client.cookies['sessionid'].value}".encode()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.asyncio
+async def test_an_unknown_websocket_path_is_refused_with_4404(session_cookie: bytes) -> None:
+    paths = ("/ws/nowhere/", "/ws/jobs/abc/events/", "/ws/jobs/7/", "/")
+    for headers, path in itertools.product(([ORIGIN], [ORIGIN, (b"cookie", session_cookie)]), paths):
+        communicator = WebsocketCommunicator(application, path, headers=headers)
+        connected, _ = await communicator.connect()
+        assert connected
+        messages, close = await closing_messages(communicator)
+        assert close["code"] == 4404
+        assert close["reason"] == f"no websocket at {path}: a job's is /ws/jobs/<id>/events/"
+        assert messages == [{"type": "error", "code": 4404, "error": close["reason"]}]
+        await communicator.wait()  # the application ended without raising
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.asyncio
+async def test_a_job_id_beyond_any_job_is_refused_as_not_found(session_cookie: bytes) -> None:
+    communicator = WebsocketCommunicator(
+        application, "/ws/jobs/99999999999999999999999/events/", headers=[ORIGIN, (b"cookie", session_cookie)]
+    )
+    assert (await communicator.connect())[0]
+    _, close = await closing_messages(communicator)
+    assert close["code"] == 4404
+    await communicator.wait()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.asyncio
+async def test_a_long_reason_is_cut_to_fit_the_close_frame() -> None:
+    path = "/ws/" + "é" * 200 + "/"
+    communicator = WebsocketCommunicator(application, path, headers=[ORIGIN])
+    assert (await communicator.connect())[0]
+    messages, close = await closing_messages(communicator)
+    assert path in messages[0]["error"], "the error message carries it whole"
+    assert len(close["reason"].encode()) <= MAX_CLOSE_REASON
+    assert close["reason"].startswith("no websocket at /ws/éé") and close["reason"].endswith("...")
+    await communicator.wait()
+
+
+@pytest.fixture
+def daphne_port(database_url: str, tmp_path: Path) -> Iterator[tuple[int, Path]]:
+    """Daphne serving occviz on the test database, as a deployment runs it; its port and its log."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = int(probe.getsockname()[1])
+    log = tmp_path / "daphne.log"
+    with log.open("wb") as output:
+        daphne = subprocess.Popen(
+            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "occviz.asgi:application"],
+            cwd=ROOT,
+            env={**os.environ, "DATABASE_URL": database_url, "DEBUG": "false"},
+            stdout=output,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        for _ in range(300):
+            assert daphne.poll() is None, log.read_text()
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+                break
+            except OSError:
+                time.sleep(0.1)
+        yield port, log
+    finally:
+        daphne.terminate()
+        daphne.wait(10)
+
+
+def close_frame_through(port: int, path: str) -> tuple[int, str, list[Any]]:
+    """Open a websocket as any client would (RFC 6455, no library) and read until the server's close frame:
+    its code, its reason, and the JSON messages before it."""
+    key = base64.b64encode(os.urandom(16)).decode()
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+        conn.sendall(
+            (
+                f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\nOrigin: http://127.0.0.1:{port}\r\n\r\n"
+            ).encode()
+        )
+        stream = conn.makefile("rb")
+        status = stream.readline()
+        assert b" 101 " in status, status
+        while stream.readline() not in (b"\r\n", b""):
+            pass
+        messages = []
+        while True:
+            head = stream.read(2)
+            length = head[1] & 0x7F
+            if length == 126:
+                length = int.from_bytes(stream.read(2), "big")
+            elif length == 127:
+                length = int.from_bytes(stream.read(8), "big")
+            payload = stream.read(length)
+            if head[0] & 0x0F == 0x8:
+                return int.from_bytes(payload[:2], "big"), payload[2:].decode(), messages
+            messages.append(json.loads(payload))
+
+
+@pytest.mark.slow
+def test_close_reasons_reach_a_client_through_daphne(daphne_port: tuple[int, Path]) -> None:
+    port, log = daphne_port
+    job = create_job("counter", {"strategy": "occ", "writers": 2})
+    code, reason, messages = close_frame_through(port, f"/ws/jobs/{job.pk}/events/")
+    assert (code, reason) == (4401, "not signed in: open the socket with your session cookie")
+    assert messages == [{"type": "error", "code": 4401, "error": reason}]
+
+    code, reason, _ = close_frame_through(port, "/ws/nowhere/")
+    assert (code, reason) == (4404, "no websocket at /ws/nowhere/: a job's is /ws/jobs/<id>/events/")
+    assert "Traceback" not in log.read_text()

@@ -31,9 +31,34 @@ CLOSE_NOT_FOUND = 4404
 CLOSE_BAD_REQUEST = 4400
 
 MAX_CLIENT_MESSAGE = 1000  # characters: anything longer is not a message this protocol knows
+# A close frame carries at most 125 bytes, 2 of them the code: a longer reason is cut (the error message has it whole).
+MAX_CLOSE_REASON = 123
 
 
-class JobEventsConsumer(AsyncJsonWebsocketConsumer):
+class RefusingConsumer(AsyncJsonWebsocketConsumer):
+    """A socket that may refuse after accepting: the client reads why in an error message and in the close."""
+
+    async def refuse(self, code: int, reason: str) -> None:
+        await self.send_json({"type": "error", "code": code, "error": reason})
+        await self.close(code=code, reason=close_reason(reason))
+
+
+class UnknownPathConsumer(RefusingConsumer):
+    """Every websocket path no route names: refused with 4404 and where the stream is, never a server error."""
+
+    async def connect(self) -> None:
+        await self.accept()
+        await self.refuse(CLOSE_NOT_FOUND, f"no websocket at {self.scope['path']}: a job's is /ws/jobs/<id>/events/")
+
+
+def close_reason(text: str) -> str:
+    encoded = text.encode()
+    if len(encoded) <= MAX_CLOSE_REASON:
+        return text
+    return encoded[: MAX_CLOSE_REASON - 3].decode(errors="ignore") + "..."
+
+
+class JobEventsConsumer(RefusingConsumer):
     """`/ws/jobs/<id>/events/?after=<seq>[&html=1]`: hello, frames from the store, end."""
 
     state: JobState
@@ -54,10 +79,6 @@ class JobEventsConsumer(AsyncJsonWebsocketConsumer):
             return
         self.state = state
         await self.start()
-
-    async def refuse(self, code: int, reason: str) -> None:
-        await self.send_json({"type": "error", "code": code, "error": reason})
-        await self.close(code=code, reason=reason)
 
     async def disconnect(self, code: int) -> None:
         await self.stop_following()
