@@ -1,6 +1,6 @@
 """Safe defaults: a secret key of the installation's own, refusals before a public bind, a clean
 `check --deploy` with production settings, websockets that refuse without a traceback and say
-why in their close frame."""
+why in their close frame, and HEAD wherever GET works."""
 
 from __future__ import annotations
 
@@ -343,3 +343,25 @@ def test_close_reasons_reach_a_client_through_daphne(daphne_port: tuple[int, Pat
     code, reason, _ = close_frame_through(port, "/ws/nowhere/")
     assert (code, reason) == (4404, "no websocket at /ws/nowhere/: a job's is /ws/jobs/<id>/events/")
     assert "Traceback" not in log.read_text()
+
+
+# HEAD answers where GET does
+
+
+def test_head_works_where_get_does(signed_in: Client) -> None:
+    job, other = (create_job("counter", {"strategy": strategy, "writers": 2}) for strategy in ("occ", "atomic"))
+    for url in (
+        "/",
+        "/jobs/new/counter/",
+        f"/jobs/{job.pk}/",
+        f"/jobs/{job.pk}/replay/",
+        f"/jobs/{job.pk}/events.json",
+        f"/jobs/{job.pk}/summary.json",
+        f"/jobs/{job.pk}/export.csv",
+        f"/jobs/compare/?ids={job.pk},{other.pk}",
+    ):
+        get, head = signed_in.get(url), signed_in.head(url)
+        assert get.status_code == head.status_code == 200, url
+        assert head["Content-Type"] == get["Content-Type"]
+    assert Client().head("/accounts/login/").status_code == 200
+    assert signed_in.head(f"/jobs/{job.pk}/cancel/").status_code == 405, "what changes something stays POST"

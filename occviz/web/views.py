@@ -21,7 +21,7 @@ from django.http import (
 )
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
-from django.views.decorators.http import require_GET, require_http_methods, require_POST
+from django.views.decorators.http import require_http_methods, require_POST, require_safe
 from django_htmx.http import HttpResponseClientRedirect
 from django_htmx.middleware import HtmxDetails
 
@@ -87,7 +87,7 @@ def _jobs_context() -> dict[str, Any]:
     return {"active_jobs": _with_setup(active.order_by("id")), "recent_jobs": _with_setup(recent)}
 
 
-@require_GET
+@require_safe
 @login_required
 def home(request: HtmxHttpRequest) -> HttpResponse:
     if request.htmx:
@@ -106,7 +106,7 @@ def _form_sections(spec: Scenario, form: forms.Form) -> list[tuple[str, list[for
     return [(title, fields) for title, fields in sections if fields]
 
 
-@require_http_methods(["GET", "POST"])
+@require_http_methods(["GET", "HEAD", "POST"])
 @login_required
 def job_new(request: HtmxHttpRequest, scenario: str) -> HttpResponse:
     if scenario not in SCENARIOS:
@@ -169,7 +169,7 @@ def _job_context(request: HttpRequest, job: Job, control_note: str = "") -> dict
     }
 
 
-@require_GET
+@require_safe
 @login_required
 def job_detail(request: HtmxHttpRequest, job_id: int) -> HttpResponse:
     job = get_object_or_404(Job.objects.select_related("created_by"), pk=job_id)
@@ -265,7 +265,7 @@ def _int_param(request: HttpRequest, name: str, default: int, low: int, high: in
     return value
 
 
-@require_GET
+@require_safe
 @_json_login_required
 def job_events(request: HttpRequest, job_id: int) -> HttpResponse:
     """`?after=<seq>&limit=<n>`: the next page of the job's stored events, in seq order."""
@@ -278,7 +278,7 @@ def job_events(request: HttpRequest, job_id: int) -> HttpResponse:
     return JsonResponse(events.events_page(job, after, limit))
 
 
-@require_GET
+@require_safe
 @_json_login_required
 def job_summary(request: HttpRequest, job_id: int) -> HttpResponse:
     job = get_object_or_404(Job, pk=job_id)
@@ -304,7 +304,7 @@ def job_summary(request: HttpRequest, job_id: int) -> HttpResponse:
 _EXPORTS = {"jsonl": "application/jsonl; charset=utf-8", "csv": "text/csv; charset=utf-8"}
 
 
-@require_GET
+@require_safe
 @login_required
 def job_export(request: HttpRequest, job_id: int, fmt: str) -> StreamingHttpResponse:
     """All the job's events in seq order, streamed a page at a time."""
@@ -320,14 +320,14 @@ def job_export(request: HttpRequest, job_id: int, fmt: str) -> StreamingHttpResp
     return response
 
 
-@require_GET
+@require_safe
 @login_required
 def job_replay(request: HttpRequest, job_id: int) -> HttpResponse:
     job = get_object_or_404(Job.objects.select_related("created_by"), pk=job_id)
     return render(request, "web/job_replay.html", _job_context(request, job))
 
 
-@require_GET
+@require_safe
 @login_required
 def job_compare(request: HttpRequest) -> HttpResponse:
     # ?ids=3,4 from a link, or ?id=3&id=4 from the home page's tick boxes.
