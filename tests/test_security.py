@@ -32,11 +32,11 @@ from occviz.deploy import SECRET_KEY_FILE, public_bind_problems, stored_secret_k
 from occviz.jobs.tasks import create_job
 from occviz.live.consumers import MAX_CLOSE_REASON
 from tests.conftest import ROOT
+from tests.test_live_stream import ORIGIN, session_cookie  # noqa: F401 (a fixture)
 
 # The key the source used to hold: whoever read it could sign sessions and messages.
 PUBLIC_KEY = "occviz-development-key-not-for-production"
 SCRIPT = "<script>alert('forged')</script>"
-ORIGIN = (b"origin", b"http://127.0.0.1")
 NOWHERE = "postgresql://nobody@127.0.0.1:1/none"  # the settings load without connecting
 
 
@@ -81,7 +81,8 @@ def test_an_unset_secret_key_is_generated_once_and_kept_in_the_data_folder(tmp_p
     assert given["SECRET_KEY"] == "k" * 60
 
 
-def test_processes_starting_together_agree_on_one_key(tmp_path: Path) -> None:
+def test_first_starts_at_once_agree_on_one_key(tmp_path: Path) -> None:
+    # Threads released by one barrier: the file system settles their race as it does between processes.
     for attempt in range(5):
         folder = tmp_path / str(attempt)
         start = threading.Barrier(12)
@@ -226,16 +227,9 @@ async def closing_messages(communicator: WebsocketCommunicator) -> tuple[list[An
         messages.append(json.loads(output["text"]))
 
 
-@pytest.fixture
-def session_cookie(db: None) -> bytes:
-    client = Client()
-    client.force_login(User.objects.create_user("viewer", password="correct horse battery"))
-    return f"sessionid={client.cookies['sessionid'].value}".encode()
-
-
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.asyncio
-async def test_an_unknown_websocket_path_is_refused_with_4404(session_cookie: bytes) -> None:
+async def test_an_unknown_websocket_path_is_refused_with_4404(session_cookie: bytes) -> None:  # noqa: F811
     paths = ("/ws/nowhere/", "/ws/jobs/abc/events/", "/ws/jobs/7/", "/")
     for headers, path in itertools.product(([ORIGIN], [ORIGIN, (b"cookie", session_cookie)]), paths):
         communicator = WebsocketCommunicator(application, path, headers=headers)
@@ -250,7 +244,7 @@ async def test_an_unknown_websocket_path_is_refused_with_4404(session_cookie: by
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.asyncio
-async def test_a_job_id_beyond_any_job_is_refused_as_not_found(session_cookie: bytes) -> None:
+async def test_a_job_id_beyond_any_job_is_refused_as_not_found(session_cookie: bytes) -> None:  # noqa: F811
     communicator = WebsocketCommunicator(
         application, "/ws/jobs/99999999999999999999999/events/", headers=[ORIGIN, (b"cookie", session_cookie)]
     )
