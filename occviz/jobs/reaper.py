@@ -19,7 +19,7 @@ import threading
 from datetime import datetime
 
 from django.conf import settings
-from django.db import DatabaseError, connection
+from django.db import Error, connection
 from django.utils import timezone
 
 from occviz.jobs.models import Job
@@ -114,7 +114,7 @@ class Reaper:
             while not self._stop.is_set():
                 try:
                     end_stale_jobs()
-                except DatabaseError as error:
+                except Error as error:  # DatabaseError, or InterfaceError (a connection already closed)
                     # PostgreSQL restarting, say: said once, then quiet until it answers again.
                     if not self._failing:
                         logger.warning("reaper: looking for stale jobs failed, retrying: %s", error)

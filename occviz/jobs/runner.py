@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from django.conf import settings
-from django.db import DatabaseError, connection, connections
+from django.db import Error, connection, connections
 from django.utils import timezone
 
 from occviz.jobs.affinity import one_cpu, quick_handoffs
@@ -175,7 +175,7 @@ class Heartbeat:
             while not self._stop.is_set():
                 try:
                     renewed = self.beat()
-                except DatabaseError as error:
+                except Error as error:  # DatabaseError, or InterfaceError (a connection already closed)
                     logger.warning("job %s: renewing its heartbeat failed, retrying: %s", self.job_id, error)
                     connection.close()
                 else:
@@ -286,11 +286,12 @@ def run_job(job_id: int, *, runner: str | None = None) -> Job:
             "stopped_by": context.stop_reason or None,
             "events": recorder.last_seq,
         }
+    # Not last_seq: the recorder moves it with each stored batch, in the same transaction, so the
+    # row has it right even when PostgreSQL lost the last batches in a crash.
     _record_end(
         job,
         status,
         finished_at=timezone.now(),
-        last_seq=recorder.last_seq,
         summary=summary,
         invariant_ok=None if summary is None else summary["invariant_ok"],
         error=error,
@@ -316,13 +317,15 @@ def _record_end(job: Job, status: str, **fields: Any) -> None:
     pause = 0.2
     while True:
         try:
-            if not job.move(Job.Status.RUNNING, status, **fields):
+            if job.move(Job.Status.RUNNING, status, **fields):
+                job.refresh_from_db(fields=["last_seq"])
+            else:
                 logger.warning("job %s was ended by another process before its runner could record it", job.pk)
                 job.refresh_from_db()
             return
         except Job.DoesNotExist:
             return
-        except DatabaseError as error:
+        except Error as error:  # DatabaseError, or InterfaceError (a connection already closed)
             if connection.in_atomic_block or time.monotonic() >= deadline:
                 logger.exception("job %s: its end could not be recorded (%s): left to the reapers", job.pk, status)
                 return
