@@ -24,7 +24,7 @@ from occviz.jobs.models import Job
 from occviz.jobs.reaper import end_if_stale, end_stale_jobs
 
 COLUMNS = ("ID", "SCENARIO", "STATUS", "RUNNER", "HEARTBEAT AGE", "AGE", "REASON", "VERDICT")
-REASON_WIDTH = 60
+REASON_WIDTH = 90
 
 
 def _ascii_int(low: int, high: int) -> Callable[[str], int]:
