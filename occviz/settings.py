@@ -7,6 +7,8 @@ SECRET_KEY     unset: a key generated once and kept in the data folder (occviz/d
 DEBUG, ALLOWED_HOSTS, CSRF_TRUSTED_ORIGINS
 OCCVIZ_HTTPS, OCCVIZ_HSTS_*, OCCVIZ_TRUST_X_FORWARDED_PROTO  serving over HTTPS (README: Configuration)
 OCCVIZ_MAX_*   the limits on one job (checked by occviz/scenarios/base.py)
+OCCVIZ_DB_CONNECTIONS, OCCVIZ_RESERVED_CONNECTIONS, OCCVIZ_MAX_JOBS_PER_USER  limits across jobs
+OCCVIZ_KEEP_DAYS  how long finished jobs' events are kept (default 30; 0: for ever)
 OCCVIZ_PIN_ACTORS  keep a running job's threads on one CPU (default off)
 """
 
@@ -155,6 +157,14 @@ OCCVIZ_MAX_ROWS = envint("OCCVIZ_MAX_ROWS", 64, maximum=10_000)
 OCCVIZ_MAX_SECONDS = envint("OCCVIZ_MAX_SECONDS", 300, maximum=86_400)
 OCCVIZ_MAX_THINK_MS = envint("OCCVIZ_MAX_THINK_MS", 5_000, maximum=600_000)
 OCCVIZ_MAX_ATTEMPTS = envint("OCCVIZ_MAX_ATTEMPTS", 1_000, maximum=1_000_000)
+# Across jobs (occviz/jobs/tasks.py): queued and running jobs hold at most the database's connections
+# (OCCVIZ_DB_CONNECTIONS, 0: its max_connections) less a reserve for the web server and workers,
+# and one person has at most OCCVIZ_MAX_JOBS_PER_USER of them.
+OCCVIZ_DB_CONNECTIONS = envint("OCCVIZ_DB_CONNECTIONS", 0, minimum=0, maximum=100_000)
+OCCVIZ_RESERVED_CONNECTIONS = envint("OCCVIZ_RESERVED_CONNECTIONS", 20, minimum=0, maximum=10_000)
+OCCVIZ_MAX_JOBS_PER_USER = envint("OCCVIZ_MAX_JOBS_PER_USER", 4, maximum=1_000)
+# Finished jobs' events are deleted this many days after they end (manage.py prune, serve daily); 0 keeps them.
+OCCVIZ_KEEP_DAYS = envint("OCCVIZ_KEEP_DAYS", 30, minimum=0, maximum=36_500)
 OCCVIZ_WORKERS = envint("OCCVIZ_WORKERS", 2, maximum=32)
 # A running job renews its heartbeat every second; one silent this long lost its runner and is ended.
 OCCVIZ_HEARTBEAT_TIMEOUT_S = envint("OCCVIZ_HEARTBEAT_TIMEOUT_S", 10, minimum=2, maximum=3_600)

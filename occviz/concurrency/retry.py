@@ -8,12 +8,22 @@ The Kubernetes presets are client-go's (k8s.io/client-go/util/retry):
 client-go's jitter only lengthens a wait: `d + rand * jitter * d`. Its Steps count
 attempts; here `max_attempts` does, and defaults to the preset's Steps. Past the
 preset's last step the wait stays at that step's length.
+
+No wait is longer than LONGEST_WAIT_MS, whatever the base, factor and attempt: the
+growth is checked against the ceiling in logarithms before it is computed, so a huge
+factor or attempt number gives the ceiling, never an OverflowError.
 """
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
+
+LONGEST_WAIT_MS = 60_000
+"""The longest wait before a retry, and the largest base or cap a policy takes."""
+LARGEST_FACTOR = 10
+"""The fastest growth a policy takes (client-go's DefaultBackoff grows by 5)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,17 +39,34 @@ class RetryPolicy:
     """exponential: the longest wait; the wait is drawn uniformly in [0, min(cap, base * factor^n)]."""
     full_jitter: bool = False
 
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ValueError(f"max_attempts must be at least 1, not {self.max_attempts}")
+        for name, value, low, high in (
+            ("base_ms", self.base_ms, 0.0, LONGEST_WAIT_MS),
+            ("cap_ms", self.cap_ms, 0.0, LONGEST_WAIT_MS),
+            ("factor", self.factor, 1.0, LARGEST_FACTOR),
+            ("jitter", self.jitter, 0.0, 1.0),
+        ):
+            if not low <= value <= high:  # also refuses NaN
+                raise ValueError(f"{name} must be from {low:g} to {high:g}, not {value!r}")
+
     def bounds_ms(self, retry: int) -> tuple[float, float]:
         """The shortest and longest wait before retry number `retry` (1 = the wait after the first failure)."""
         if self.base_ms == 0:
             return 0.0, 0.0
         growth = retry - 1 if self.steps == 0 else min(retry, self.steps) - 1
-        nominal = self.base_ms * self.factor**growth
-        if self.cap_ms:
-            nominal = min(nominal, self.cap_ms)
+        nominal = self._grown(growth)
         if self.full_jitter:
             return 0.0, nominal
         return nominal, nominal * (1 + self.jitter)
+
+    def _grown(self, growth: int) -> float:
+        """base * factor^growth, at most the cap (or LONGEST_WAIT_MS), without ever computing a larger number."""
+        ceiling = min(self.cap_ms, LONGEST_WAIT_MS) if self.cap_ms else LONGEST_WAIT_MS
+        if self.factor > 1.0 and math.log(self.base_ms) + growth * math.log(self.factor) >= math.log(ceiling):
+            return ceiling
+        return min(self.base_ms * self.factor**growth, ceiling)
 
     def wait_ms(self, retry: int, rng: random.Random) -> float:
         low, high = self.bounds_ms(retry)

@@ -9,11 +9,16 @@
 Each strategy is a function `(writer, row, op) -> bool` (True when the increment
 committed). The retrying ones share `_with_retries`, so `occ`, `pessimistic` and
 `serializable` count attempts, waits and give-ups the same way.
+
+A writer's deadline bounds everything it waits for: think time and retry waits end
+at it, and a row lock is waited for no longer than the time left (`lock_timeout`),
+since a statement blocked in PostgreSQL does not see the job's stop signal.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 import random
 import threading
 import time
@@ -60,6 +65,8 @@ class Writer:
     lock_mode: str = "update"
     isolation: str = "serializable"
     lock_timeout_ms: int = 10_000
+    deadline: float | None = None
+    """time.perf_counter() at which the writer must have stopped waiting, or None."""
     cursor: PreparedSession = field(init=False, repr=False)
     record: Callable[..., None] = field(init=False, repr=False)
     """record(op, attempt, kind, row, **fields): this writer's events (the recorder's, with its number)."""
@@ -68,11 +75,27 @@ class Writer:
         # A C-level partial, not a method that re-packs keyword arguments: it runs for every step.
         self.record = functools.partial(self.recorder.record, self.number)
 
+    def ms_left(self) -> float:
+        """Milliseconds until the deadline (infinite without one; 0 once it has passed)."""
+        if self.deadline is None:
+            return math.inf
+        return max(0.0, (self.deadline - time.perf_counter()) * 1000.0)
+
     def pause(self, ms: float) -> bool:
-        """Sleep `ms` unless the job is stopped meanwhile; False if it was."""
+        """Sleep `ms` unless the job is stopped meanwhile; False if it was, or if the deadline comes first."""
+        if ms >= self.ms_left():
+            self.stop.wait(self.ms_left() / 1000.0)
+            return False
         if ms <= 0:
             return not self.stop.is_set()
         return not self.stop.wait(ms / 1000.0)
+
+    def lock_timeout(self) -> int:
+        """The longest row-lock wait now, in whole ms: the usual timeout, or less when the deadline is nearer.
+
+        Never 0: to PostgreSQL a lock_timeout of 0 means wait forever.
+        """
+        return max(1, int(min(self.lock_timeout_ms, self.ms_left())))
 
 
 class Retryable(Exception):
@@ -192,7 +215,7 @@ def pessimistic(writer: Writer, row: int, op: int) -> bool:
     def attempt_once(attempt: int, started: float) -> bool:
         with writer.cursor.transaction():
             # SET LOCAL: the timeout ends with this transaction, never leaks to the next one.
-            writer.cursor.execute(f"SET LOCAL lock_timeout = {int(writer.lock_timeout_ms)}")
+            writer.cursor.execute(f"SET LOCAL lock_timeout = {writer.lock_timeout()}")
             value, version, waited_ms = _read(writer, row, op, attempt, clause)
             if waited_ms >= LOCK_WAIT_THRESHOLD_MS:
                 writer.record(op, attempt, "lock_wait", row, duration_ms=waited_ms, detail={"lock": clause.strip()})

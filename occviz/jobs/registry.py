@@ -3,7 +3,8 @@
 The runner knows no scenario and no websocket. Scenarios register themselves as
 programs (`occviz.scenarios`, when the app loads), the live stream registers its
 publisher as an observer (`occviz.live`), and a test can register a program of its
-own. Everything the runner needs of a program is `clean()` and `run()`.
+own. Everything the runner needs of a program is `clean()` and `run()`; a launch also asks
+it for `connections()`.
 """
 
 from __future__ import annotations
@@ -36,6 +37,10 @@ class JobProgram(Protocol):
 
     def run(self, context: JobContext) -> dict[str, Any]:
         """Run the job's actors and return its summary, with `invariant_ok` and `invariant`."""
+        ...
+
+    def connections(self, params: Mapping[str, Any]) -> int:
+        """How many database connections its actors open, for the cleaned `params` (the launch budget)."""
         ...
 
 

@@ -1,15 +1,41 @@
-"""Jobs as django.tasks: `launch()` creates a job and enqueues it for a `db_worker`."""
+"""Jobs as django.tasks: `launch()` creates a job and enqueues it for a `db_worker`.
+
+A job is created only if it fits: within the database's connection budget (every
+queued and running job's connections, plus its own, within `max_connections` less a
+reserve for the web server and workers) and within its user's number of queued and
+running jobs. Both are checked under one PostgreSQL advisory lock held until the new
+job's row commits, so two launches racing for the last room cannot both pass.
+"""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
-from django.db import transaction
+from django.conf import settings
+from django.db import connection, transaction
 from django.tasks import task
 
 from occviz.jobs.models import Job
-from occviz.jobs.registry import program
+from occviz.jobs.registry import ParamsError, program
 from occviz.jobs.runner import run_job
+
+# Beyond its actors' sessions, a running job holds the runner's own connection, the event
+# recorder's flusher's and the heartbeat's.
+RUNNER_CONNECTIONS = 3
+# pg_advisory_xact_lock's key for admitting jobs (any constant no other code uses).
+_ADMISSION_LOCK = 0x6F6363_6A6F62  # "occjob"
+_ACTIVE = (Job.Status.QUEUED, Job.Status.RUNNING)
+
+_max_connections: int | None = None
+
+
+class LaunchRefused(ParamsError):
+    """Valid parameters, but the job may not be queued now: `message` says why. Nothing was created."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__({"__all__": [message]})
+        self.message = message
 
 
 @task
@@ -17,10 +43,74 @@ def run_job_task(job_id: int) -> str:
     return run_job(job_id).status
 
 
+def connections_needed(scenario: str, params: dict[str, Any]) -> int:
+    """The database connections a job of `scenario` with these cleaned parameters holds while it runs."""
+    return program(scenario).connections(params) + RUNNER_CONNECTIONS
+
+
+def connection_budget() -> int:
+    """How many connections jobs may hold at once: the database's max_connections less the reserve."""
+    return database_max_connections() - settings.OCCVIZ_RESERVED_CONNECTIONS
+
+
+def database_max_connections() -> int:
+    """OCCVIZ_DB_CONNECTIONS if set, else the server's max_connections (asked once per process)."""
+    global _max_connections
+    if settings.OCCVIZ_DB_CONNECTIONS:
+        return int(settings.OCCVIZ_DB_CONNECTIONS)
+    if _max_connections is None:
+        with connection.cursor() as cursor:
+            cursor.execute("SHOW max_connections")
+            _max_connections = int(cursor.fetchone()[0])
+    return _max_connections
+
+
+def connections_in_use() -> int:
+    """The connections queued and running jobs hold, or will once a worker takes them."""
+    used = 0
+    for scenario, params in Job.objects.filter(status__in=_ACTIVE).values_list("scenario", "params"):
+        # A scenario no longer installed: its job cannot run, so it holds nothing.
+        with contextlib.suppress(LookupError):
+            used += connections_needed(scenario, params)
+    return used
+
+
+def _admit(scenario: str, params: dict[str, Any], user: Any) -> None:
+    """Refuse (LaunchRefused) a job that would exceed its user's job limit or the connection budget.
+
+    Call inside the transaction that creates the job, which then holds the admission lock.
+    """
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_ADMISSION_LOCK])
+    per_user = settings.OCCVIZ_MAX_JOBS_PER_USER
+    if user is not None and user.is_authenticated:
+        active = Job.objects.filter(created_by=user, status__in=_ACTIVE).count()
+        if active >= per_user:
+            raise LaunchRefused(
+                f"You have {active} jobs queued or running, the most one person may have at once "
+                f"(the OCCVIZ_MAX_JOBS_PER_USER limit): wait for one to finish, or cancel one."
+            )
+    needed = connections_needed(scenario, params)
+    budget = connection_budget()
+    used = connections_in_use()
+    if used + needed > budget:
+        room = max(0, budget - used)
+        raise LaunchRefused(
+            f"This job needs {needed} database connections, but the database has room for {room} more connections; "
+            f"running and queued jobs use {used} of the {budget} jobs may hold (max_connections "
+            f"{database_max_connections()}, less {settings.OCCVIZ_RESERVED_CONNECTIONS} kept for the web "
+            f"server and workers). Try fewer actors, or launch it when a job has finished."
+        )
+
+
 def create_job(scenario: str, data: dict[str, Any], user: Any = None) -> Job:
-    """A queued job with validated parameters (ParamsError on bad input, and no job made)."""
+    """A queued job with validated parameters; ParamsError (LaunchRefused when it does not fit now), and no job made."""
     params = program(scenario).clean(data)
-    return Job.objects.create(scenario=scenario, strategy=params.get("strategy", ""), params=params, created_by=user)
+    with transaction.atomic():
+        _admit(scenario, params, user)
+        return Job.objects.create(
+            scenario=scenario, strategy=params.get("strategy", ""), params=params, created_by=user
+        )
 
 
 def launch(scenario: str, data: dict[str, Any], user: Any = None) -> Job:

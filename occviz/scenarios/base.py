@@ -13,7 +13,8 @@ the JSON stream's `hello` are built:
 - `run()`, which runs its actors and returns its summary with the invariant's verdict.
 
 Parameters arrive from a launch form, the HTTP API or `runjob`'s flags; all go through
-the scenario's form, so the same input gets the same error everywhere.
+the scenario's form, so the same input gets the same error everywhere. Its numbers are
+`WholeNumberField`s and `DecimalNumberField`s: ASCII digits only, each with bounds.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from django import forms
 from django.conf import settings
+from django.core.exceptions import ValidationError
 
 from occviz.jobs.registry import ParamsError
 
@@ -34,12 +36,14 @@ if TYPE_CHECKING:
 __all__ = [
     "ERROR",
     "Control",
+    "DecimalNumberField",
     "EventKind",
     "Figure",
     "ParamsError",
     "Preset",
     "Scenario",
     "State",
+    "WholeNumberField",
     "check_limit",
     "limit",
 ]
@@ -236,6 +240,10 @@ class Scenario:
     def run(self, context: JobContext) -> dict[str, Any]:
         raise NotImplementedError
 
+    def connections(self, params: Mapping[str, Any]) -> int:
+        """How many database connections a job with these (cleaned) parameters opens: one per actor."""
+        return len(self.actor_names(params))
+
     # -- what the live stream and the pages read ---------------------------------------
 
     def read_state(self, job_id: int, params: Mapping[str, Any]) -> State:
@@ -295,6 +303,31 @@ class Scenario:
 
     def shown_figures(self) -> list[Figure]:
         return [figure for figure in self.figures if figure.shown]
+
+
+def _ascii_only(value: Any) -> None:
+    # int() and float() read any Unicode digits ("٣" is 3): a number here is written in 0-9.
+    if isinstance(value, str) and not value.isascii():
+        raise ValidationError(
+            "Write the number with the digits 0-9: %(value)r is not.", code="not_ascii", params={"value": value.strip()}
+        )
+
+
+class WholeNumberField(forms.IntegerField):
+    """A whole number written in ASCII digits (Django's IntegerField takes "٣" as 3)."""
+
+    def to_python(self, value: Any) -> int | None:
+        _ascii_only(value)
+        return super().to_python(value)
+
+
+class DecimalNumberField(forms.FloatField):
+    """A finite number written in ASCII digits (Django's FloatField takes "٣" as 3.0)."""
+
+    # The stubs give FloatField IntegerField's to_python (int | None); Django's returns a float.
+    def to_python(self, value: Any) -> float | None:  # type: ignore[override]
+        _ascii_only(value)
+        return super().to_python(value)
 
 
 def limit(setting: str) -> int:

@@ -1,7 +1,9 @@
 """The counter race: N writers x M increments (or S seconds) over K counter rows.
 
 Every writer increments a randomly chosen row of the job's own K rows with the
-chosen strategy. At the end the job checks its invariant against the rows:
+chosen strategy until its increments are done or the job's time is up (S seconds, else
+OCCVIZ_MAX_SECONDS): a deadline that think time, retry waits and lock waits count
+against. At the end the job checks its invariant against the rows:
 protected strategies must show final = initial + committed; `none` must have
 counted its lost updates exactly (every committed blind write moved the version
 once, so versions written minus value gained is the number of updates erased).
@@ -15,11 +17,22 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from django import forms
+from django.conf import settings
 from django.db import connection
 
-from occviz.concurrency.retry import PRESETS, make_policy
+from occviz.concurrency.retry import LARGEST_FACTOR, LONGEST_WAIT_MS, PRESETS, make_policy
 from occviz.concurrency.strategies import PROTECTED, STRATEGIES, Writer, connected
-from occviz.scenarios.base import ERROR, EventKind, Figure, Preset, Scenario, State, check_limit
+from occviz.scenarios.base import (
+    ERROR,
+    DecimalNumberField,
+    EventKind,
+    Figure,
+    Preset,
+    Scenario,
+    State,
+    WholeNumberField,
+    check_limit,
+)
 from occviz.store.models import Counter
 
 if TYPE_CHECKING:
@@ -33,16 +46,29 @@ DEFAULT_INCREMENTS = 100
 
 class CounterForm(forms.Form):
     strategy = forms.ChoiceField(choices=[(s, s) for s in STRATEGIES])
-    writers = forms.IntegerField(min_value=1, initial=4)
-    increments = forms.IntegerField(min_value=1, required=False, help_text="Per writer; leave empty with seconds.")
-    seconds = forms.FloatField(min_value=0.1, required=False, help_text="Run for a duration instead.")
-    rows = forms.IntegerField(min_value=1, required=False, initial=1)
-    think_ms = forms.FloatField(min_value=0, required=False, initial=0, label="Think time (ms)")
+    writers = WholeNumberField(min_value=1, initial=4)
+    increments = WholeNumberField(min_value=1, required=False, help_text="Per writer; leave empty with seconds.")
+    seconds = DecimalNumberField(
+        min_value=0.1, required=False, help_text="Run for a duration instead: waits included, the job ends by then."
+    )
+    rows = WholeNumberField(min_value=1, required=False, initial=1)
+    think_ms = DecimalNumberField(min_value=0, required=False, initial=0, label="Think time (ms)")
     retry = forms.ChoiceField(choices=[(p, p) for p in PRESETS], required=False, initial="k8s-default-backoff")
-    max_attempts = forms.IntegerField(min_value=1, required=False)
-    base_ms = forms.FloatField(min_value=0, required=False, initial=10.0, label="Exponential base (ms)")
-    factor = forms.FloatField(min_value=1.0, required=False, initial=2.0, label="Exponential factor")
-    cap_ms = forms.FloatField(min_value=0, required=False, initial=1000.0, label="Exponential cap (ms)")
+    max_attempts = WholeNumberField(min_value=1, required=False)
+    base_ms = DecimalNumberField(
+        min_value=0, max_value=LONGEST_WAIT_MS, required=False, initial=10.0, label="Exponential base (ms)"
+    )
+    factor = DecimalNumberField(
+        min_value=1.0, max_value=LARGEST_FACTOR, required=False, initial=2.0, label="Exponential factor"
+    )
+    cap_ms = DecimalNumberField(
+        min_value=0,
+        max_value=LONGEST_WAIT_MS,
+        required=False,
+        initial=1000.0,
+        label="Exponential cap (ms)",
+        help_text=f"The longest wait; 0: up to {LONGEST_WAIT_MS} ms.",
+    )
     lock = forms.ChoiceField(
         choices=[("update", "FOR UPDATE"), ("share", "FOR SHARE")], required=False, initial="update"
     )
@@ -51,8 +77,10 @@ class CounterForm(forms.Form):
         required=False,
         initial="serializable",
     )
-    initial_value = forms.IntegerField(required=False, initial=0, min_value=-(2**62), max_value=2**62)
-    seed = forms.IntegerField(required=False, min_value=0, help_text="Seed for row choice and jitter.")
+    initial_value = WholeNumberField(required=False, initial=0, min_value=-(2**62), max_value=2**62)
+    seed = WholeNumberField(
+        required=False, min_value=0, max_value=2**32 - 1, help_text="Seed for row choice and jitter."
+    )
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
@@ -70,8 +98,6 @@ class CounterForm(forms.Form):
         check_limit(self, "think_ms", data.get("think_ms"), "OCCVIZ_MAX_THINK_MS", "ms of think time")
         check_limit(self, "max_attempts", data.get("max_attempts"), "OCCVIZ_MAX_ATTEMPTS", "attempts")
         if data.get("increments") and data.get("think_ms") and not self.errors:
-            from django.conf import settings
-
             floor_s = data["increments"] * data["think_ms"] / 1000.0
             if floor_s > settings.OCCVIZ_MAX_SECONDS:
                 self.add_error(
@@ -104,6 +130,7 @@ def run(context: JobContext) -> dict[str, Any]:
     increment = STRATEGIES[params["strategy"]]
     seed = params["seed"] if params["seed"] is not None else random.randrange(2**32)
     seconds = params["seconds"]
+    limit_s = float(seconds or settings.OCCVIZ_MAX_SECONDS)
 
     def writer_actor(number: int) -> Actor:
         def act(ready: Callable[[], object]) -> None:
@@ -119,12 +146,14 @@ def run(context: JobContext) -> dict[str, Any]:
             )
             with connected(writer):
                 ready()
-                deadline = time.perf_counter() + seconds if seconds else None
+                writer.deadline = time.perf_counter() + limit_s
                 op = 0
                 while not context.stop.is_set():
-                    if deadline is None and op >= params["increments"]:
+                    if seconds is None and op >= params["increments"]:
                         break
-                    if deadline is not None and time.perf_counter() >= deadline:
+                    if writer.ms_left() <= 0:
+                        # Whoever sees the time up first says so (the job's timer may be a moment later).
+                        context.request_stop("time limit")
                         break
                     op += 1
                     row = rows[0] if len(rows) == 1 else writer.rng.choice(rows)
@@ -132,7 +161,7 @@ def run(context: JobContext) -> dict[str, Any]:
 
         return act
 
-    context.run_actors([writer_actor(n) for n in range(1, params["writers"] + 1)])
+    context.run_actors([writer_actor(n) for n in range(1, params["writers"] + 1)], time_limit_s=limit_s)
     return summarize(job, params, rows, context.elapsed_s, seed)
 
 
@@ -431,6 +460,9 @@ class CounterRace(Scenario):
 
     def read_state(self, job_id: int, params: Mapping[str, Any]) -> State:
         return read_state(job_id, params)
+
+    def connections(self, params: Mapping[str, Any]) -> int:
+        return int(params["writers"])  # each writer has its own session
 
     def setup(self, params: Mapping[str, Any]) -> str:
         amount = f"{params.get('seconds')} s" if params.get("seconds") else f"{params.get('increments')} increments"

@@ -28,7 +28,7 @@ from django_htmx.middleware import HtmxDetails
 from occviz.jobs.models import Job, JobControl, JobNotRunning
 from occviz.jobs.reaper import end_if_stale
 from occviz.jobs.registry import ParamsError
-from occviz.jobs.tasks import launch
+from occviz.jobs.tasks import LaunchRefused, launch
 from occviz.live import fragments
 from occviz.live.feeds import job_state
 from occviz.scenarios import SCENARIOS
@@ -116,10 +116,11 @@ def job_new(request: HtmxHttpRequest, scenario: str) -> HttpResponse:
     if request.method == "POST":
         try:
             job = launch(scenario, request.POST.dict(), request.user)
-        except ParamsError:
+        except ParamsError as refused:
             # Bind the same data to the same form: its errors are the ones launch() refused with.
             form = spec.form_class(data=request.POST)
-            form.is_valid()
+            if form.is_valid() and isinstance(refused, LaunchRefused):
+                form.add_error(None, refused.message)  # valid, but no room now: said above the fields
         else:
             url = reverse("job_detail", args=[job.pk])
             return HttpResponseClientRedirect(url) if request.htmx else redirect(url)
@@ -252,14 +253,21 @@ def _seconds(raw: str) -> float | None:
     return value if math.isfinite(value) else None
 
 
+def _whole_number(raw: str) -> int:
+    """A whole number written in ASCII (int() would also take "٣" as 3); ValueError otherwise."""
+    if not raw.isascii():
+        raise ValueError(raw)
+    return int(raw)
+
+
 def _int_param(request: HttpRequest, name: str, default: int, low: int, high: int) -> int:
     raw = request.GET.get(name, "")
     if raw == "":
         return default
     try:
-        value = int(raw)
+        value = _whole_number(raw)
     except ValueError:
-        raise ValueError(f"{name} must be a whole number, not {raw!r}.") from None
+        raise ValueError(f"{name} must be a whole number in the digits 0-9, not {raw!r}.") from None
     if not low <= value <= high:
         raise ValueError(f"{name} must be between {low} and {high}.")
     return value
@@ -333,7 +341,7 @@ def job_compare(request: HttpRequest) -> HttpResponse:
     # ?ids=3,4 from a link, or ?id=3&id=4 from the home page's tick boxes.
     raw = ",".join([request.GET.get("ids", ""), *request.GET.getlist("id")])
     try:
-        ids = list(dict.fromkeys(int(part) for part in raw.split(",") if part.strip()))
+        ids = list(dict.fromkeys(_whole_number(part.strip()) for part in raw.split(",") if part.strip()))
     except ValueError:
         return HttpResponseBadRequest("ids must be job numbers separated by commas, e.g. ?ids=3,4")
     if not 2 <= len(ids) <= MAX_COMPARE:

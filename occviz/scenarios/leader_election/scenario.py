@@ -17,7 +17,18 @@ from typing import TYPE_CHECKING, Any
 
 from django import forms
 
-from occviz.scenarios.base import ERROR, Control, EventKind, Figure, Preset, Scenario, State, check_limit
+from occviz.scenarios.base import (
+    ERROR,
+    Control,
+    DecimalNumberField,
+    EventKind,
+    Figure,
+    Preset,
+    Scenario,
+    State,
+    WholeNumberField,
+    check_limit,
+)
 from occviz.scenarios.leader_election.elector import (
     LeaderElection,
     LeaderElectionConfig,
@@ -32,6 +43,8 @@ if TYPE_CHECKING:
     from occviz.jobs.runner import JobContext
 
 MAX_REPLICAS = 16
+ADDED_REPLICAS = 4
+"""Replicas a job's connection budget leaves room for beyond its own ("add a replica" while it runs)."""
 _SKEW = re.compile(r"^(?:replica-)?(\d{1,3})=([+-]?\d{1,5}(?:\.\d{1,3})?)$")
 
 # The elections running in this process, by job: their replicas' beliefs are the live state.
@@ -39,14 +52,16 @@ _running: dict[int, LeaderElection] = {}
 _running_lock = threading.Lock()
 
 
-def _seconds_field(label: str, initial: float | None, help_text: str = "", *, minimum: float = 0.0) -> forms.FloatField:
-    return forms.FloatField(
+def _seconds_field(
+    label: str, initial: float | None, help_text: str = "", *, minimum: float = 0.0
+) -> DecimalNumberField:
+    return DecimalNumberField(
         label=label, min_value=minimum, max_value=86_400, required=False, initial=initial, help_text=help_text
     )
 
 
 class LeaderElectionForm(forms.Form):
-    replicas = forms.IntegerField(min_value=1, max_value=MAX_REPLICAS, initial=3, help_text="1 to 16.")
+    replicas = WholeNumberField(min_value=1, max_value=MAX_REPLICAS, initial=3, help_text="1 to 16.")
     lease_duration = _seconds_field("Lease duration (s)", 15.0, "client-go LeaseDuration.", minimum=0.1)
     renew_deadline = _seconds_field("Renew deadline (s)", 10.0, "client-go RenewDeadline.", minimum=0.1)
     retry_period = _seconds_field("Retry period (s)", 2.0, "client-go RetryPeriod.", minimum=0.05)
@@ -65,7 +80,7 @@ class LeaderElectionForm(forms.Form):
     release_on_cancel = forms.BooleanField(
         required=False, label="Release on cancel", help_text="client-go ReleaseOnCancel: a stopping leader releases."
     )
-    seed = forms.IntegerField(required=False, min_value=0, max_value=2**32, help_text="Seed for the jitter.")
+    seed = WholeNumberField(required=False, min_value=0, max_value=2**32, help_text="Seed for the jitter.")
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
@@ -472,6 +487,10 @@ class LeaderElectionScenario(Scenario):
 
     def read_state(self, job_id: int, params: Mapping[str, Any]) -> State:
         return read_state(job_id, params)
+
+    def connections(self, params: Mapping[str, Any]) -> int:
+        # One session per replica, and room for the replicas a person adds while it runs.
+        return int(params["replicas"]) + ADDED_REPLICAS
 
     def control_seconds(self, action: str, params: Mapping[str, Any]) -> float | None:
         lease_s = float(params.get("lease_duration") or 15)
