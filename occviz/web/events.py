@@ -2,7 +2,8 @@
 
 The store is the truth the live stream resumes from, so every reader here pages by
 `seq` (keyset, never OFFSET): a page costs the same at event 10 as at event 10 million,
-and an export never holds a whole job in memory.
+and an export never holds a whole job in memory. A job whose events were pruned
+(occviz/jobs/retention.py) has none to read: `pruned_notice` says so instead.
 """
 
 from __future__ import annotations
@@ -21,6 +22,16 @@ from occviz.live.frames import EVENT_FIELDS, read_events
 
 EXPORT_PAGE = 5_000
 MAX_PAGE = 5_000
+
+
+def pruned_notice(job: Job) -> str:
+    """What events.json and the exports answer for a job whose events were deleted (HTTP 410 Gone)."""
+    assert job.events_pruned_at is not None
+    after = f", {(job.events_pruned_at - job.finished_at).days} days after the job finished" if job.finished_at else ""
+    return (
+        f"The {job.last_seq} events of job {job.pk} were pruned on {job.events_pruned_at:%Y-%m-%d %H:%M} UTC{after}. "
+        f"Its summary and verdict are kept: /jobs/{job.pk}/summary.json."
+    )
 
 
 def events_page(job: Job, after: int, limit: int) -> dict[str, Any]:

@@ -283,6 +283,9 @@ def job_events(request: HttpRequest, job_id: int) -> HttpResponse:
         limit = _int_param(request, "limit", 1_000, 1, events.MAX_PAGE)
     except ValueError as error:
         return JsonResponse({"error": str(error)}, status=400)
+    if job.events_pruned_at is not None:
+        pruned = {"pruned_at": job.events_pruned_at.isoformat(), "last_seq": job.last_seq}
+        return JsonResponse({"error": events.pruned_notice(job), **pruned}, status=410)
     return JsonResponse(events.events_page(job, after, limit))
 
 
@@ -314,11 +317,13 @@ _EXPORTS = {"jsonl": "application/jsonl; charset=utf-8", "csv": "text/csv; chars
 
 @require_safe
 @login_required
-def job_export(request: HttpRequest, job_id: int, fmt: str) -> StreamingHttpResponse:
-    """All the job's events in seq order, streamed a page at a time."""
+def job_export(request: HttpRequest, job_id: int, fmt: str) -> HttpResponseBase:
+    """All the job's events in seq order, streamed a page at a time (410 once they were pruned)."""
     job = get_object_or_404(Job, pk=job_id)
     if fmt not in _EXPORTS:
         raise Http404("No such export format.")
+    if job.events_pruned_at is not None:
+        return HttpResponse(events.pruned_notice(job), status=410, content_type="text/plain; charset=utf-8")
     # Under an ASGI server a sync iterator would be read whole into memory first: give it an async one.
     content = (
         events.aexport_lines(job.pk, fmt) if isinstance(request, ASGIRequest) else events.export_lines(job.pk, fmt)
