@@ -1,21 +1,27 @@
-"""serve: everything `make run` needs, in one foreground command.
+"""serve: everything `make run` needs, in one foreground command, kept up until it is asked to stop.
 
-Migrates, creates the demo data and a demo sign-in (printed), starts the job
-workers (`db_worker` processes) and the web server (Daphne, HTTP and websockets),
-and on Ctrl-C stops them in order: running jobs are asked to cancel, workers
-finish, the web server stops, and the embedded PostgreSQL stops with the last
-process that holds it.
+Before it changes anything it refuses, with the reason, a public address without
+SECRET_KEY and ALLOWED_HOSTS, a data folder another serve holds, and a port in use.
+Then it migrates, creates the demo data and a demo sign-in (printed), and supervises
+the job workers (`manage.py worker`) and the web server (Daphne): one that stops is
+started again with backoff (occviz/supervisor.py), and so is the embedded PostgreSQL.
+Meanwhile it ends the jobs whose runner stopped (every few seconds) and prunes old
+events (at start, then daily). Ctrl-C, SIGTERM or SIGHUP stop it in order: the jobs
+its own workers run are asked to cancel, workers finish, the web server stops, and the
+embedded PostgreSQL stops unless another process still uses it.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
+import os
 import secrets
 import signal
-import subprocess
+import socket
 import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,24 +29,22 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import DatabaseError, InterfaceError, connections
 
+from occviz import embedded
+from occviz.deploy import public_bind_problems
 from occviz.jobs.models import Job
+from occviz.jobs.reaper import start_reaper
+from occviz.jobs.retention import prune_events
 from occviz.store.models import Counter, Lease, Pod, ResourceQuota
+from occviz.supervisor import AlreadyServing, Child, ServeLock, Supervisor
 
 MANAGE = str(Path(settings.BASE_DIR) / "manage.py")
 DEMO_USER = "demo"
 GRACE_S = 10.0
-
-
-def _die_with_parent() -> None:
-    """In the child, before exec: if serve is killed outright, the child gets SIGTERM instead of living on."""
-    PR_SET_PDEATHSIG = 1
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
-def _spawn(*args: str) -> subprocess.Popen[bytes]:
-    """A child in a session of its own: Ctrl-C reaches only serve, which stops the children in order."""
-    return subprocess.Popen([sys.executable, *args], start_new_session=True, preexec_fn=_die_with_parent)
+TEND_EVERY_S = 0.2
+REAP_EVERY_S = 2.0
+PRUNE_EVERY_S = 24 * 3600.0
 
 
 def ensure_demo_data() -> None:
@@ -67,6 +71,28 @@ def reset_demo_user() -> str:
     return password
 
 
+def port_problem(host: str, port: int) -> str:
+    """Why Daphne could not listen on host:port ("" if it can), found by binding it as Daphne will."""
+    name = host.strip("[]")
+    family = socket.AF_INET6 if ":" in name else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as Twisted does
+        try:
+            probe.bind((name, port))
+        except OSError as error:
+            return error.strerror or str(error)
+    return ""
+
+
+def with_database[T](action: Callable[[], T]) -> T:
+    """`action()`, again on a new connection if the first attempt met a broken one (PostgreSQL restarted)."""
+    try:
+        return action()
+    except (DatabaseError, InterfaceError):
+        connections.close_all()
+        return action()
+
+
 class Command(BaseCommand):
     help = "Serve occviz: migrate, demo data, job workers and the web server, until Ctrl-C."
 
@@ -81,53 +107,155 @@ class Command(BaseCommand):
             raise CommandError(f"--port {port} is not a TCP port (1-65535).", returncode=2)
         if not 1 <= workers <= 32:
             raise CommandError(f"--workers {workers}: give between 1 and 32 worker processes.", returncode=2)
+        problems = public_bind_problems(host)
+        if problems:
+            raise CommandError(
+                f"Refusing to serve on {host}, an address others can reach:\n"
+                + "".join(f"  - {problem}\n" for problem in problems),
+                returncode=2,
+            )
+        address = f"[{host.strip('[]')}]:{port}" if ":" in host else f"{host}:{port}"
+        lock = ServeLock(settings.DATA_DIR)
+        try:
+            lock.acquire(f"http://{address}/ (pid {os.getpid()})")
+        except AlreadyServing as holder:
+            raise CommandError(
+                f"Another serve already runs on the data folder {settings.DATA_DIR}: {holder}. "
+                "Stop it first, or give this one another OCCVIZ_DATA_DIR."
+            ) from None
+        try:
+            problem = port_problem(host, port)
+            if problem:
+                raise CommandError(f"Cannot listen on {address}: {problem}.", returncode=2)
+            self._serve(host, port, address, workers)
+        finally:
+            lock.release()
+
+    def _serve(self, host: str, port: int, address: str, workers: int) -> None:
         call_command("migrate", interactive=False, verbosity=0)
         ensure_demo_data()
         password = reset_demo_user()
+        # The connection opened so far may be dead by the time of the shutdown: start that afresh.
+        connections.close_all()
 
-        stopping = False
+        stopping = threading.Event()
 
         def stop(signum: int, frame: object) -> None:
-            nonlocal stopping
-            stopping = True
+            stopping.set()
 
         for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(signum, stop)
-        children = [
-            _spawn(MANAGE, "db_worker", "--no-reload", "--interval", "0.2", "--worker-id", f"w{number}")
-            for number in range(1, workers + 1)
-        ]
-        children.append(_spawn("-m", "daphne", "-b", host, "-p", str(port), "occviz.asgi:application"))
+
+        # Every job this serve's workers run records a runner starting with this, and only those
+        # are cancelled when it stops: never a job of another serve, or of a separate runjob.
+        runners = f"serve:{socket.gethostname()[:32]}.{os.getpid()}:"
+        supervisor = Supervisor(self._log)
+        worker_children: list[Child] = []
+        for number in range(1, workers + 1):
+            runner = f"{runners}w{number}"
+            worker_children.append(
+                supervisor.add(
+                    f"worker w{number}",
+                    [sys.executable, MANAGE, "worker", "--no-reload", "--interval", "0.2", "--worker-id", runner],
+                    # PGAPPNAME names its connections in pg_stat_activity as the runner.
+                    env={**os.environ, "OCCVIZ_RUNNER_ID": runner, "PGAPPNAME": runner},
+                )
+            )
+        web = supervisor.add(
+            "web server",
+            [sys.executable, "-m", "daphne", "-b", host, "-p", str(port), "occviz.asgi:application"],
+            env={**os.environ, "PGAPPNAME": f"{runners}web"},
+        )
+        supervisor.start()
+        reaper = start_reaper(REAP_EVERY_S)
+        pruner = threading.Thread(target=self._prune_daily, args=[stopping], name="pruner", daemon=True)
+        pruner.start()
         try:
             self._say(
-                f"\noccviz is serving http://{host}:{port}/  (admin: http://{host}:{port}/admin/)\n"
+                f"\noccviz is serving http://{address}/  (admin: http://{address}/admin/)\n"
                 f"Sign in as {DEMO_USER!r} with password {password!r}\n"
                 f"{workers} job worker(s) running. Press Ctrl-C to stop.\n"
             )
-            while not stopping:
-                dead = [child.args for child in children if child.poll() is not None]
-                if dead:
-                    raise CommandError(f"a server process stopped unexpectedly: {dead}")
-                time.sleep(0.2)
+            postgres = embedded.is_embedded(settings.DATA_DIR)
+            next_postgres_check = 0.0
+            while not stopping.wait(TEND_EVERY_S):
+                supervisor.tend()
+                if postgres and time.monotonic() >= next_postgres_check:
+                    next_postgres_check = time.monotonic() + 1.0
+                    self._keep_postgres_up()
         finally:
-            self._shut_down(children)
+            stopping.set()
+            self._shut_down(runners, supervisor, worker_children, [web], [reaper.stop, lambda: pruner.join(GRACE_S)])
         self._say("occviz stopped.")
+
+    def _keep_postgres_up(self) -> None:
+        """Start the embedded PostgreSQL again if it stopped under us (its postmaster killed, say)."""
+        try:
+            pid = embedded.restart_if_stopped(settings.DATA_DIR)
+        except Exception as error:  # pg_ctl failing: the dead server's backends may still be exiting
+            self._log(f"PostgreSQL is down and could not be started yet ({error}): trying again in 1 s")
+            return
+        if pid is not None:
+            self._log(f"PostgreSQL had stopped: started it again (pid {pid})")
+
+    def _prune_daily(self, stopping: threading.Event) -> None:
+        """Delete old finished jobs' events now, then once a day, on a connection of this thread's own."""
+        try:
+            while True:
+                try:
+                    pruned = prune_events()
+                except (DatabaseError, InterfaceError) as error:
+                    self._log(f"pruning old events failed, trying again in an hour: {error}")
+                    connections.close_all()
+                    if stopping.wait(3600.0):
+                        return
+                    continue
+                if pruned.jobs:
+                    self._log(str(pruned))
+                if stopping.wait(PRUNE_EVERY_S):
+                    return
+        finally:
+            connections.close_all()
+
+    def _shut_down(
+        self,
+        runners: str,
+        supervisor: Supervisor,
+        workers: list[Child],
+        web: list[Child],
+        chores: list[Callable[[], None]],
+    ) -> None:
+        self._say("\nStopping: cancelling this serve's running jobs, then its workers and the web server...")
+        for wait_for_chore in chores:
+            wait_for_chore()
+        # Every step below must run even if PostgreSQL restarted meanwhile, or is gone.
+        try:
+            cancelled = with_database(
+                lambda: Job.objects.filter(status=Job.Status.RUNNING, runner__startswith=runners).update(
+                    cancel_requested=True
+                )
+            )
+        except (DatabaseError, InterfaceError) as error:
+            self._say(f"Could not ask the running jobs to cancel: {error}")
+        else:
+            if cancelled:
+                self._say(f"Asked {cancelled} running job(s) to cancel.")
+        connections.close_all()
+        supervisor.stop(workers, GRACE_S)
+        supervisor.stop(web, GRACE_S)
+        self._say(str(supervisor))
+        if embedded.is_embedded(settings.DATA_DIR):
+            holders = embedded.release(settings.DATA_DIR)
+            if holders:
+                self._say(f"PostgreSQL left running: other processes use it (pid {', '.join(map(str, holders))}).")
+            else:
+                self._say("PostgreSQL stopped.")
+
+    def _log(self, text: str) -> None:
+        self._say(f"{time.strftime('%H:%M:%S')} serve: {text}")
 
     def _say(self, text: str) -> None:
         # Whoever read our output may be gone (a pipe closed by the same Ctrl-C): never let that skip the shutdown.
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError, ValueError):
             self.stdout.write(text)
-
-    def _shut_down(self, children: list[subprocess.Popen[bytes]]) -> None:
-        self._say("\nStopping: cancelling running jobs, then workers and the web server...")
-        Job.objects.filter(status=Job.Status.RUNNING).update(cancel_requested=True)
-        for child in children:
-            if child.poll() is None:
-                child.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + GRACE_S
-        for child in children:
-            try:
-                child.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                child.kill()
-                child.wait()
+            self.stdout.flush()
