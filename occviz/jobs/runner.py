@@ -14,6 +14,7 @@ notices first (`occviz.jobs.reaper`). `stop_all_jobs` is what a signal handler c
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -317,14 +318,8 @@ def _record_end(job: Job, status: str, **fields: Any) -> None:
     pause = 0.2
     while True:
         try:
-            if job.move(Job.Status.RUNNING, status, **fields):
-                job.refresh_from_db(fields=["last_seq"])
-            else:
-                logger.warning("job %s was ended by another process before its runner could record it", job.pk)
-                job.refresh_from_db()
-            return
-        except Job.DoesNotExist:
-            return
+            moved = job.move(Job.Status.RUNNING, status, **fields)
+            break
         except Error as error:  # DatabaseError, or InterfaceError (a connection already closed)
             if connection.in_atomic_block or time.monotonic() >= deadline:
                 logger.exception("job %s: its end could not be recorded (%s): left to the reapers", job.pk, status)
@@ -333,3 +328,8 @@ def _record_end(job: Job, status: str, **fields: Any) -> None:
             connection.close()  # the next attempt connects afresh
             time.sleep(pause)
             pause = min(pause * 2, 2.0)
+    if not moved:
+        logger.warning("job %s was ended by another process before its runner could record it", job.pk)
+    # If this read fails, what this process knows of the job stands.
+    with contextlib.suppress(Error, Job.DoesNotExist):
+        job.refresh_from_db(fields=["last_seq"] if moved else None)

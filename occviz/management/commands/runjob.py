@@ -11,7 +11,8 @@ run as threads of this command.
 While the job runs, this process holds its lease (`Job.runner` is `runjob:<host>:<pid>`).
 Ctrl-C (SIGINT) or SIGTERM stops the actors within a second and records the job as
 cancelled, with its summary; the command then exits with 128 + the signal's number. A
-second Ctrl-C stops at once (the job is then ended by the reapers, as any whose runner died).
+second Ctrl-C interrupts at once: the job is recorded as failed, or if even that is cut
+short, ended by the reapers as any job whose runner died.
 """
 
 from __future__ import annotations
