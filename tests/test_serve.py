@@ -331,3 +331,19 @@ def test_serve_refuses_a_port_in_use_before_changing_anything(database_url: str,
     assert refused.returncode == 2, refused.stderr
     assert f"Cannot listen on 127.0.0.1:{port}: Address already in use." in refused.stderr
     assert not User.objects.filter(username="demo").exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_shutdown_step_survives_a_connection_broken_under_it() -> None:
+    """What a PostgreSQL restart does to serve's connection: the step reconnects and runs once more."""
+    import psycopg
+    from django.contrib.auth.models import User
+    from django.db import connection
+
+    from occviz.management.commands.serve import with_database
+
+    connection.ensure_connection()
+    assert connection.connection is not None
+    with psycopg.connect(**connection.get_connection_params(), autocommit=True) as other:
+        other.execute("SELECT pg_terminate_backend(%s)", [connection.connection.info.backend_pid])
+    assert with_database(lambda: User.objects.count()) == 0
