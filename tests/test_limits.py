@@ -229,6 +229,7 @@ def test_a_launch_beyond_the_connection_budget_is_refused_with_why(
         "running and queued jobs use 13 of the 20 jobs may hold (max_connections 40, less 20 kept"
     ) in html
     assert "too many clients" not in html
+    assert "Nothing was launched." in html and "correct the fields" not in html
     assert Job.objects.count() == 1
     assert DBTaskResult.objects.count() == 1
     # A smaller job fits in what is left.
