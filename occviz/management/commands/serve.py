@@ -95,6 +95,7 @@ def with_database[T](action: Callable[[], T]) -> T:
 
 class Command(BaseCommand):
     help = "Serve occviz: migrate, demo data, job workers and the web server, until Ctrl-C."
+    _postgres_failing = False
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--host", default="127.0.0.1")
@@ -193,8 +194,11 @@ class Command(BaseCommand):
         try:
             pid = embedded.restart_if_stopped(settings.DATA_DIR)
         except Exception as error:  # pg_ctl failing: the dead server's backends may still be exiting
-            self._log(f"PostgreSQL is down and could not be started yet ({error}): trying again in 1 s")
+            if not self._postgres_failing:  # said once, not every second until it starts
+                self._log(f"PostgreSQL is down and could not be started yet ({error}): trying again every second")
+            self._postgres_failing = True
             return
+        self._postgres_failing = False
         if pid is not None:
             self._log(f"PostgreSQL had stopped: started it again (pid {pid})")
 
