@@ -206,8 +206,6 @@ class EventRecorder:
 
     def _flush(self) -> None:
         recorded = [self._queue.popleft() for _ in range(len(self._queue))]
-        seq_from = self.last_seq + 1
-        seq_to = self.last_seq + len(recorded)
         columns = self._columns(recorded) if recorded else {}
         try:
             with transaction.atomic(), connection.cursor() as cursor:
@@ -218,21 +216,27 @@ class EventRecorder:
                     # (This first statement through Django's cursor also opens the transaction
                     # that the libpq-level insert below runs in.)
                     cursor.execute("SET LOCAL synchronous_commit = off")
-                    _insert_batch(self.job_id, seq_from, seq_to, columns)
+                    # Numbered from the job row, not from memory: after a crash that lost the
+                    # last batches (and their last_seq), the next batch follows what is stored.
                     cursor.execute(
-                        "UPDATE jobs_job SET last_seq = %s WHERE id = %s "
-                        "RETURNING cancel_requested, controls_requested",
-                        [seq_to, self.job_id],
+                        "UPDATE jobs_job SET last_seq = last_seq + %s WHERE id = %s "
+                        "RETURNING cancel_requested, controls_requested, last_seq",
+                        [len(recorded), self.job_id],
                     )
                 else:
                     cursor.execute(
-                        "SELECT cancel_requested, controls_requested FROM jobs_job WHERE id = %s", [self.job_id]
+                        "SELECT cancel_requested, controls_requested, last_seq FROM jobs_job WHERE id = %s",
+                        [self.job_id],
                     )
                 row = cursor.fetchone()
                 if row is None:
                     # The job was deleted while it ran: its events have nothing to belong to,
                     # so this batch goes too (rolled back before its foreign key is checked).
                     raise JobDeleted(self.job_id)
+                seq_to = row[2]
+                seq_from = seq_to - len(recorded) + 1
+                if recorded:
+                    _insert_batch(self.job_id, seq_from, seq_to, columns)
         except JobDeleted:
             logger.warning(
                 "job %s was deleted while running: stopping it, %d events dropped", self.job_id, len(recorded)
@@ -249,6 +253,14 @@ class EventRecorder:
             self.on_controls()
         if not recorded:
             return
+        if seq_from != self.last_seq + 1:
+            logger.warning(
+                "job %s: events %d..%d were lost with the database's last commits; the store goes on from %d",
+                self.job_id,
+                seq_from,
+                self.last_seq,
+                seq_from,
+            )
         self.last_seq = seq_to
         for listener in self.listeners:
             listener(seq_from, seq_to, columns)
