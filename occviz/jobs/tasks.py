@@ -69,7 +69,7 @@ def connections_in_use() -> int:
     """The connections queued and running jobs hold, or will once a worker takes them."""
     used = 0
     for scenario, params in Job.objects.filter(status__in=_ACTIVE).values_list("scenario", "params"):
-        # A scenario no longer installed: its job cannot run, so it holds nothing.
+        # A scenario no longer installed, or parameters it cannot read: such a job cannot run, so holds nothing.
         with contextlib.suppress(LookupError):
             used += connections_needed(scenario, params)
     return used
