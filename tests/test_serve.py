@@ -87,7 +87,10 @@ class Served:
                 pytest.fail(f"serve exited with {self.process.returncode} before {pattern!r}:\n{self.output}")
             return re.search(pattern, self.output)
 
-        match, _ = wait_until(seen, timeout, f"serve printing {pattern!r}")
+        try:
+            match, _ = wait_until(seen, timeout, f"serve printing {pattern!r}")
+        except pytest.fail.Exception as missing:
+            pytest.fail(f"{missing}\n--- serve's output ---\n{self.output}")
         return match
 
     def started(self, timeout: float = 60.0) -> Served:
@@ -291,7 +294,9 @@ def test_serve_starts_its_embedded_postgresql_again_if_it_dies_and_stops_it_on_s
         postmaster = psutil.Process(int((data_dir / "data" / "postmaster.pid").read_text().split()[0]))
 
         postmaster.kill()
-        restarted = served.wait_for(r"serve: PostgreSQL had stopped: started it again \(pid (\d+)\)", 30)
+        restarted = served.wait_for(
+            rf"serve: PostgreSQL \(pid {postmaster.pid}\) had stopped: it runs again \(pid (\d+)\)", 30
+        )
         wait_until(lambda: signs_in(served), 30, "signing in again")
 
         output = served.stop(signal.SIGHUP)

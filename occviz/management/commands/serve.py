@@ -96,6 +96,7 @@ def with_database[T](action: Callable[[], T]) -> T:
 class Command(BaseCommand):
     help = "Serve occviz: migrate, demo data, job workers and the web server, until Ctrl-C."
     _postgres_failing = False
+    _postmaster: int | None = None
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--host", default="127.0.0.1")
@@ -192,15 +193,17 @@ class Command(BaseCommand):
     def _keep_postgres_up(self) -> None:
         """Start the embedded PostgreSQL again if it stopped under us (its postmaster killed, say)."""
         try:
-            pid = embedded.restart_if_stopped(settings.DATA_DIR)
+            pid = embedded.keep_running(settings.DATA_DIR)
         except Exception as error:  # pg_ctl failing: the dead server's backends may still be exiting
             if not self._postgres_failing:  # said once, not every second until it starts
                 self._log(f"PostgreSQL is down and could not be started yet ({error}): trying again every second")
             self._postgres_failing = True
             return
         self._postgres_failing = False
-        if pid is not None:
-            self._log(f"PostgreSQL had stopped: started it again (pid {pid})")
+        if pid is not None and pid != self._postmaster:
+            if self._postmaster is not None:
+                self._log(f"PostgreSQL (pid {self._postmaster}) had stopped: it runs again (pid {pid})")
+            self._postmaster = pid
 
     def _prune_daily(self, stopping: threading.Event) -> None:
         """Delete old finished jobs' events now, then once a day, on a connection of this thread's own."""
