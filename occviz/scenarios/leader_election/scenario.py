@@ -203,6 +203,11 @@ def run(context: JobContext) -> dict[str, Any]:
 
     def control(action: str, actor: int | None, seconds: float | None) -> None:
         try:
+            # The job was given connections for this many more replicas (its budget), no more.
+            if action == "add" and len(election.replicas) >= params["replicas"] + ADDED_REPLICAS:
+                raise ValueError(
+                    f"A job may add at most {ADDED_REPLICAS} replicas to the {params['replicas']} it began with."
+                )
             election.apply(TimedControl(action, 0.0, replica=actor, seconds=seconds or 0.0))  # type: ignore[arg-type]
         except ValueError as refused:
             context.recorder.record(
