@@ -34,7 +34,7 @@ from occviz.jobs.reaper import end_if_stale, end_stale_jobs
 from occviz.jobs.runner import Heartbeat, run_job
 from occviz.jobs.tasks import create_job, launch
 from occviz.live import fragments
-from occviz.live.feeds import read_job_state
+from occviz.live.jobstate import read_job_state
 from occviz.store.models import Counter
 from tests.conftest import ROOT, manage
 

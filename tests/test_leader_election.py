@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 from django.db import connection
 
+from occviz.jobs.context import JobContext
 from occviz.jobs.models import Job
 from occviz.jobs.recorder import EventRecorder
-from occviz.jobs.runner import JobContext
 from occviz.scenarios.leader_election.connection import ReplicaConnection
 from occviz.scenarios.leader_election.elector import (
     LeaderElection,

@@ -13,9 +13,9 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from occviz.jobs.context import JobContext
     from occviz.jobs.models import Job
     from occviz.jobs.recorder import Columns
-    from occviz.jobs.runner import JobContext
 
 
 class ParamsError(Exception):

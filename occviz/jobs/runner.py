@@ -21,112 +21,25 @@ import socket
 import threading
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
-from django.conf import settings
-from django.db import Error, connection, connections
+from django.db import Error, connection
 from django.utils import timezone
 
 from occviz.jobs.affinity import one_cpu, quick_handoffs
-from occviz.jobs.models import Job, JobControl
+from occviz.jobs.context import JobContext
+from occviz.jobs.models import Job
 from occviz.jobs.recorder import EventRecorder
 from occviz.jobs.registry import observers_for, program
 
 logger = logging.getLogger(__name__)
 
-# An actor prepares (connects), then calls `ready()` and waits with all the others.
-Actor = Callable[[Callable[[], object]], None]
-# A control asked for while the job runs: (action, target actor or None, seconds or None).
-ControlHandler = Callable[[str, int | None, float | None], None]
 
 # How often a running job renews its heartbeat (the reapers' timeout is OCCVIZ_HEARTBEAT_TIMEOUT_S).
 HEARTBEAT_INTERVAL_S = 1.0
 # How long the runner keeps trying to record a job's end while PostgreSQL is unreachable (restarting).
 FINAL_WRITE_PATIENCE_S = 15.0
-
-
-class JobContext:
-    """What a running program is given: its job and parameters, the recorder, the stop signal."""
-
-    def __init__(self, job: Job, recorder: EventRecorder) -> None:
-        self.job = job
-        self.params: dict[str, Any] = dict(job.params)
-        self.recorder = recorder
-        self.stop = threading.Event()
-        self.stop_reason = ""
-        self.errors: list[str] = []
-        self.elapsed_s = 0.0
-        self._control_handler: ControlHandler | None = None
-        recorder.on_cancel = lambda: self.request_stop("cancelled")
-        recorder.controls_seen = job.controls_requested
-        recorder.on_controls = self.deliver_controls
-
-    def on_control(self, handler: ControlHandler) -> None:
-        """Controls asked for while the job runs go to `handler(action, actor, seconds)`; a ValueError refuses one."""
-        self._control_handler = handler
-
-    def deliver_controls(self) -> None:
-        """Hand each control not yet applied to the program, once (called from the recorder's thread)."""
-        for control in JobControl.objects.filter(job_id=self.job.pk, applied_at=None).order_by("id"):
-            # Applied by compare-and-swap: two deliveries never apply the same control twice.
-            if not JobControl.objects.filter(pk=control.pk, applied_at=None).update(applied_at=timezone.now()):
-                continue
-            outcome = ""
-            if self._control_handler is None or self.stop.is_set():
-                outcome = "the job takes no controls now"
-            else:
-                try:
-                    self._control_handler(control.action, control.actor, control.seconds)
-                except ValueError as refused:
-                    outcome = str(refused)
-            if outcome:
-                JobControl.objects.filter(pk=control.pk).update(outcome=outcome)
-
-    def request_stop(self, reason: str) -> None:
-        if not self.stop.is_set():
-            self.stop_reason = reason
-            self.stop.set()
-
-    def run_actors(self, actors: Sequence[Actor], *, time_limit_s: float | None = None) -> None:
-        """Run `actors` as threads released by one barrier; return when all have finished."""
-        limit_s = time_limit_s if time_limit_s is not None else settings.OCCVIZ_MAX_SECONDS
-        timer = threading.Timer(limit_s, self.request_stop, ["time limit"])
-        timer.daemon = True
-
-        def release() -> None:
-            self.recorder.start_clock()
-            timer.start()
-
-        barrier = threading.Barrier(len(actors), action=release)
-        threads = [
-            threading.Thread(
-                target=self._actor_main, args=(number, actor, barrier), name=f"job-{self.job.pk}-actor-{number}"
-            )
-            for number, actor in enumerate(actors, start=1)
-        ]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        timer.cancel()
-        self.elapsed_s = self.recorder.now_ms() / 1000.0
-        self.recorder.flush()  # the scenario summarizes from the stored events
-
-    def _actor_main(self, number: int, actor: Actor, barrier: threading.Barrier) -> None:
-        try:
-            actor(barrier.wait)
-        except threading.BrokenBarrierError:
-            pass  # another actor failed before the start; its error is the one reported
-        except Exception as error:
-            message = f"actor {number}: {type(error).__name__}: {error}"
-            logger.exception("job %s: %s", self.job.pk, message)
-            self.errors.append(message)
-            self.recorder.record(number, 0, 0, "error", detail={"message": message})
-            barrier.abort()
-            self.request_stop("failed")
-        finally:
-            connections.close_all()
 
 
 def runner_id(kind: str) -> str:

@@ -21,8 +21,9 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from occviz.live import fragments
-from occviz.live.feeds import JobFeed, JobState, aread_job_state, subscribe, unsubscribe
+from occviz.live.feeds import JobFeed, subscribe, unsubscribe
 from occviz.live.frames import StoreReader, WireFrame, merge_runs, wire_text
+from occviz.live.jobstate import JobState, aread_job_state
 
 # Close codes (4000-4999 are the application's own; see docs/live-protocol.md).
 CLOSE_NOT_SIGNED_IN = 4401

@@ -25,15 +25,14 @@ import contextlib
 import logging
 import weakref
 from collections import deque
-from dataclasses import dataclass
 from typing import Any
 
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 
-from occviz.jobs.models import Job
 from occviz.live import fragments
-from occviz.live.frames import EVENT_FIELDS, JobInfo, StoreReader, WireFrame, wire_text
+from occviz.live.frames import StoreReader, WireFrame, wire_text
+from occviz.live.jobstate import JobState, aread_job_state
 from occviz.live.publish import group_name
 from occviz.scenarios.base import State
 
@@ -43,79 +42,6 @@ logger = logging.getLogger(__name__)
 WINDOW_EVENTS = 20_000
 # With no message from the layer for this long, the feed asks the job row itself.
 POLL_INTERVAL_S = 1.0
-
-
-@dataclass
-class JobState:
-    """A job's row as the live stream needs it."""
-
-    info: JobInfo
-    status: str
-    last_seq: int
-    summary: dict[str, Any] | None
-    invariant_ok: bool | None
-    error: str = ""
-
-    @property
-    def finished(self) -> bool:
-        return self.status in Job.FINISHED
-
-    def hello(self, after: int) -> dict[str, Any]:
-        return {
-            "type": "hello",
-            # frames send each event as an array of these values, in this order
-            "event_fields": list(EVENT_FIELDS),
-            "job": {
-                "id": self.info.id,
-                "scenario": self.info.scenario,
-                "strategy": self.info.strategy,
-                "status": self.status,
-                "params": self.info.params,
-                "last_seq": self.last_seq,
-            },
-            # how to draw and word this job's events: kinds, figures, actors, state keys
-            "scenario": self.info.spec.vocabulary(self.info.params),
-            "after": after,
-        }
-
-    def as_context(self) -> dict[str, Any]:
-        """The job as the live fragments' templates read it."""
-        return {
-            "id": self.info.id,
-            "scenario": self.info.scenario,
-            "strategy": self.info.strategy,
-            "status": self.status,
-            "finished": self.finished,
-            "summary": self.summary,
-            "invariant_ok": self.invariant_ok,
-            "error": self.error,
-        }
-
-    def end(self) -> dict[str, Any]:
-        return {"type": "end", "status": self.status, "summary": self.summary, "invariant_ok": self.invariant_ok}
-
-
-def read_job_state(job_id: int) -> JobState | None:
-    job = (
-        Job.objects.filter(pk=job_id)
-        .only("scenario", "strategy", "params", "status", "last_seq", "summary", "invariant_ok", "error")
-        .first()
-    )
-    return None if job is None else job_state(job)
-
-
-def job_state(job: Job) -> JobState:
-    return JobState(
-        info=JobInfo(id=job.pk, scenario=job.scenario, strategy=job.strategy, params=dict(job.params)),
-        status=job.status,
-        last_seq=job.last_seq,
-        summary=job.summary,
-        invariant_ok=job.invariant_ok,
-        error=job.error,
-    )
-
-
-aread_job_state = database_sync_to_async(read_job_state)
 
 
 class JobFeed:

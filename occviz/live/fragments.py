@@ -17,8 +17,8 @@ from django.template.loader import render_to_string
 from occviz.scenarios.base import Scenario, fill
 
 if TYPE_CHECKING:
-    from occviz.live.feeds import JobState
     from occviz.live.frames import Frame, Totals
+    from occviz.live.jobstate import JobState
 
 LOG_LINES = 20
 TEMPLATE = "live/job_live.html"

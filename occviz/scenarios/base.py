@@ -31,7 +31,7 @@ from django.core.exceptions import ValidationError
 from occviz.jobs.registry import ParamsError
 
 if TYPE_CHECKING:
-    from occviz.jobs.runner import JobContext
+    from occviz.jobs.context import JobContext
 
 __all__ = [
     "ERROR",

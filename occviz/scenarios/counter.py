@@ -38,8 +38,8 @@ from occviz.store.models import Counter
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
+    from occviz.jobs.context import Actor, JobContext
     from occviz.jobs.models import Job
-    from occviz.jobs.runner import Actor, JobContext
 
 DEFAULT_INCREMENTS = 100
 

@@ -30,7 +30,7 @@ from occviz.jobs.reaper import end_if_stale
 from occviz.jobs.registry import ParamsError
 from occviz.jobs.tasks import LaunchRefused, launch
 from occviz.live import fragments
-from occviz.live.feeds import job_state
+from occviz.live.jobstate import job_state
 from occviz.scenarios import SCENARIOS
 from occviz.scenarios.base import Scenario
 from occviz.web import events

@@ -40,7 +40,7 @@ from occviz.scenarios.leader_election.summary import SENTENCES, describe_failove
 from occviz.store.models import Lease
 
 if TYPE_CHECKING:
-    from occviz.jobs.runner import JobContext
+    from occviz.jobs.context import JobContext
 
 MAX_REPLICAS = 16
 ADDED_REPLICAS = 4
