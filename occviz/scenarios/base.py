@@ -19,6 +19,7 @@ the scenario's form, so the same input gets the same error everywhere. Its numbe
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -268,7 +269,7 @@ class Scenario:
     def kind(self, name: str) -> EventKind | None:
         return self._kinds.get(name)
 
-    @property
+    @functools.cached_property
     def _kinds(self) -> dict[str, EventKind]:
         return {kind.name: kind for kind in self.kinds}
 
