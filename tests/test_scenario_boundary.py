@@ -22,22 +22,15 @@ from occviz.jobs.registry import ParamsError
 from occviz.jobs.runner import JobContext, run_job
 from occviz.jobs.tasks import create_job
 from occviz.scenarios import SCENARIOS, register, unregister
-from occviz.scenarios.base import ERROR, Control, EventKind, Figure, Scenario, State
+from occviz.scenarios.base import ERROR, Control, EventKind, Figure, Scenario, ScenarioForm, State
 from tests.test_live_stream import messages_until_close, session_cookie, socket  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-class RallyForm(forms.Form):
+class RallyForm(ScenarioForm):
     players = forms.IntegerField(min_value=2, max_value=4, initial=2)
     rallies = forms.IntegerField(min_value=1, max_value=500, initial=40, help_text="Strokes per player.")
-
-    def clean(self) -> dict[str, Any]:
-        data = super().clean() or {}
-        for name, field in self.fields.items():
-            if data.get(name) is None:
-                data[name] = field.initial
-        return data
 
 
 # How far the ball has travelled, per job: this scenario's "contended object" lives in memory.

@@ -43,6 +43,7 @@ __all__ = [
     "ParamsError",
     "Preset",
     "Scenario",
+    "ScenarioForm",
     "State",
     "WholeNumberField",
     "check_limit",
@@ -158,6 +159,17 @@ class Figure:
 
     def as_json(self) -> dict[str, Any]:
         return {key: list(value) if isinstance(value, tuple) else value for key, value in asdict(self).items()}
+
+
+class ScenarioForm(forms.Form):
+    """A scenario's parameters form: a field left blank takes its initial value, the only default it has."""
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        for name, form_field in self.fields.items():
+            if data.get(name) in (None, "") and form_field.initial is not None:
+                data[name] = form_field.initial
+        return data
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from occviz.scenarios.base import (
     Figure,
     Preset,
     Scenario,
+    ScenarioForm,
     State,
     WholeNumberField,
     check_limit,
@@ -44,7 +45,7 @@ if TYPE_CHECKING:
 DEFAULT_INCREMENTS = 100
 
 
-class CounterForm(forms.Form):
+class CounterForm(ScenarioForm):
     strategy = forms.ChoiceField(choices=[(s, s) for s in STRATEGIES])
     writers = WholeNumberField(min_value=1, initial=4)
     increments = WholeNumberField(min_value=1, required=False, help_text="Per writer; leave empty with seconds.")
@@ -83,10 +84,7 @@ class CounterForm(forms.Form):
     )
 
     def clean(self) -> dict[str, Any]:
-        data = super().clean() or {}
-        for field_name, field in self.fields.items():
-            if data.get(field_name) in (None, "") and field.initial is not None:
-                data[field_name] = field.initial
+        data = super().clean()
         if data.get("increments") is not None and data.get("seconds") is not None:
             self.add_error("seconds", "Give increments or seconds, not both.")
         elif data.get("increments") is None and data.get("seconds") is None:

@@ -25,6 +25,7 @@ from occviz.scenarios.base import (
     Figure,
     Preset,
     Scenario,
+    ScenarioForm,
     State,
     WholeNumberField,
     check_limit,
@@ -60,7 +61,7 @@ def _seconds_field(
     )
 
 
-class LeaderElectionForm(forms.Form):
+class LeaderElectionForm(ScenarioForm):
     replicas = WholeNumberField(min_value=1, max_value=MAX_REPLICAS, initial=3, help_text="1 to 16.")
     lease_duration = _seconds_field("Lease duration (s)", 15.0, "client-go LeaseDuration.", minimum=0.1)
     renew_deadline = _seconds_field("Renew deadline (s)", 10.0, "client-go RenewDeadline.", minimum=0.1)
@@ -83,10 +84,7 @@ class LeaderElectionForm(forms.Form):
     seed = WholeNumberField(required=False, min_value=0, max_value=2**32, help_text="Seed for the jitter.")
 
     def clean(self) -> dict[str, Any]:
-        data = super().clean() or {}
-        for name, field in self.fields.items():
-            if data.get(name) is None and field.initial is not None:
-                data[name] = field.initial
+        data = super().clean()
         if self.errors:
             return data
         config = LeaderElectionConfig(data["lease_duration"], data["renew_deadline"], data["retry_period"])
