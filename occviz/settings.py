@@ -63,6 +63,7 @@ INSTALLED_APPS = [
     "occviz.scenarios",
     "occviz.live",
     "occviz.web",
+    "occviz.api",
 ]
 
 MIDDLEWARE = [

@@ -65,7 +65,7 @@ def test_model_compare_and_swap_raises_the_kubernetes_conflict() -> None:
     with pytest.raises(VersionConflict) as conflict:
         stale.compare_and_swap(holder_identity="b")
     assert str(conflict.value) == (
-        'Operation cannot be fulfilled on leases "leader": the object has been modified; '
+        'Operation cannot be fulfilled on leases.coordination.k8s.io "leader": the object has been modified; '
         "please apply your changes to the latest version and try again"
     )
     assert Lease.objects.get(pk=lease.pk).holder_identity == "a"

@@ -25,6 +25,8 @@ logger = logging.getLogger(__name__)
 Actor = Callable[[Callable[[], object]], None]
 # A control asked for while the job runs: (action, target actor or None, seconds or None).
 ControlHandler = Callable[[str, int | None, float | None], None]
+# A write to one of the job's objects from outside it (the admin, the API), as store.writes describes it.
+OutsideWriteHandler = Callable[[dict[str, Any]], None]
 
 
 class JobContext:
@@ -39,6 +41,7 @@ class JobContext:
         self.errors: list[str] = []
         self.elapsed_s = 0.0
         self._control_handler: ControlHandler | None = None
+        self._outside_handler: OutsideWriteHandler | None = None
         recorder.on_cancel = lambda: self.request_stop("cancelled")
         recorder.controls_seen = job.controls_requested
         recorder.on_controls = self.deliver_controls
@@ -47,6 +50,14 @@ class JobContext:
         """Controls asked for while the job runs go to `handler(action, actor, seconds)`; a ValueError refuses one."""
         self._control_handler = handler
 
+    def on_outside_write(self, handler: OutsideWriteHandler) -> None:
+        """Writes to the job's objects by the admin or the API (and their refusals) go to `handler(payload)`.
+
+        The payload is `occviz.store.writes`'s: type (MODIFIED, CONFLICT, ADDED, DELETED), resource,
+        object_id, via, writer, expected_version, resource_version, before and after.
+        """
+        self._outside_handler = handler
+
     def deliver_controls(self) -> None:
         """Hand each control not yet applied to the program, once (called from the recorder's thread)."""
         for control in JobControl.objects.filter(job_id=self.job.pk, applied_at=None).order_by("id"):
@@ -54,7 +65,12 @@ class JobContext:
             if not JobControl.objects.filter(pk=control.pk, applied_at=None).update(applied_at=timezone.now()):
                 continue
             outcome = ""
-            if self._control_handler is None or self.stop.is_set():
+            if control.action == "outside":
+                if self._outside_handler is not None and not self.stop.is_set():
+                    self._outside_handler(control.payload or {})
+                else:
+                    outcome = "the job does not follow outside writes now"
+            elif self._control_handler is None or self.stop.is_set():
                 outcome = "the job takes no controls now"
             else:
                 try:

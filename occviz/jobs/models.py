@@ -79,7 +79,12 @@ class Job(models.Model):
         self.refresh_from_db(fields=["status", "cancel_requested"])
 
     def request_control(
-        self, action: str, actor: int | None = None, seconds: float | None = None, user: Any = None
+        self,
+        action: str,
+        actor: int | None = None,
+        seconds: float | None = None,
+        user: Any = None,
+        payload: dict[str, Any] | None = None,
     ) -> JobControl:
         """Ask the running job to apply a control; JobNotRunning (and nothing stored) if it is not running."""
         with transaction.atomic():
@@ -90,7 +95,9 @@ class Job(models.Model):
             if not moved:
                 self.refresh_from_db(fields=["status"])
                 raise JobNotRunning(f"job {self.pk} is {self.status}: controls apply only while it runs")
-            return JobControl.objects.create(job=self, action=action, actor=actor, seconds=seconds, requested_by=user)
+            return JobControl.objects.create(
+                job=self, action=action, actor=actor, seconds=seconds, requested_by=user, payload=payload
+            )
 
 
 class JobNotRunning(Exception):
@@ -109,6 +116,9 @@ class JobControl(models.Model):
     action = models.CharField(max_length=32)
     actor = models.IntegerField(null=True, blank=True, help_text="The actor it targets, if any.")
     seconds = models.FloatField(null=True, blank=True)
+    payload = models.JSONField(
+        null=True, blank=True, help_text="What an outside write (admin, API) did to one of the job's objects."
+    )
     requested_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
     requested_at = models.DateTimeField(default=timezone.now)
     applied_at = models.DateTimeField(null=True, blank=True)

@@ -1,0 +1,1 @@
+"""The Kubernetes-compatible HTTP API: the versioned objects and the jobs, as kubectl and client-go expect them."""

@@ -1,0 +1,103 @@
+"""Writes from outside a job (the admin's, the API's): checked, logged as Changes, told to the owning job."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth.models import User
+
+from occviz.jobs.models import Job, JobControl
+from occviz.store import writes
+from occviz.store.cas import ANY, compare_and_swap
+from occviz.store.models import Change, Counter, Lease, VersionConflict
+from occviz.store.writes import AlreadyExists, Writer
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def api_alice(alice: User) -> Writer:
+    return Writer("api", "alice (token laptop)", alice)
+
+
+def test_an_update_on_the_version_read_is_written_and_logged(api_alice: Writer) -> None:
+    counter = Counter.objects.create(name="c", value=5)
+    written = writes.update(counter, {"value": 6}, api_alice, expected_version=1)
+    assert (written.value, written.resource_version) == (6, 2)
+    change = Change.objects.get()
+    assert (change.type, change.resource, change.resource_version, change.expected_version) == (
+        "MODIFIED",
+        "counters",
+        2,
+        1,
+    )
+    assert (change.via, change.writer, change.user, change.object["value"]) == (
+        "api",
+        "alice (token laptop)",
+        api_alice.user,
+        6,
+    )
+    assert not change.blind
+
+
+def test_a_stale_update_writes_nothing_and_logs_the_refusal(api_alice: Writer) -> None:
+    counter = Counter.objects.create(name="c", value=5)
+    compare_and_swap(Counter, counter.pk, 1, {"value": 9})  # someone else wrote meanwhile
+    with pytest.raises(VersionConflict) as conflict:
+        writes.update(counter, {"value": 6}, api_alice, expected_version=1)
+    assert str(conflict.value).startswith('Operation cannot be fulfilled on counters.occviz.dev "c"')
+    assert conflict.value.stored is not None and conflict.value.stored.value == 9
+    counter.refresh_from_db()
+    assert (counter.value, counter.resource_version) == (9, 2)
+    change = Change.objects.get()
+    assert (change.type, change.resource_version, change.expected_version) == ("CONFLICT", 2, 1)
+    assert (change.object["value"], change.stored["value"]) == (6, 9)
+
+
+def test_a_blind_update_is_written_and_shown_as_blind(api_alice: Writer) -> None:
+    lease = Lease.objects.create(name="demo")
+    compare_and_swap(Lease, lease.pk, 1, {"holder_identity": "a"})
+    written = writes.update(lease, {"holder_identity": "b"}, api_alice, expected_version=ANY)
+    assert (written.holder_identity, written.resource_version) == ("b", 3)
+    assert Change.objects.get().blind
+
+
+def test_create_refuses_a_second_object_of_the_same_name(api_alice: Writer) -> None:
+    writes.create(Lease, {"name": "demo", "holder_identity": "x"}, api_alice)
+    with pytest.raises(AlreadyExists, match=r'leases\.coordination\.k8s\.io "demo" already exists'):
+        writes.create(Lease, {"name": "demo"}, api_alice)
+    assert Lease.objects.count() == 1
+    assert list(Change.objects.values_list("type", flat=True)) == ["ADDED"]
+
+
+def test_delete_checks_the_version_when_one_is_given(api_alice: Writer) -> None:
+    lease = writes.create(Lease, {"name": "demo"}, api_alice)
+    compare_and_swap(Lease, lease.pk, 1, {"holder_identity": "a"})
+    with pytest.raises(VersionConflict):
+        writes.delete(lease, api_alice, expected_version=1)
+    assert Lease.objects.filter(pk=lease.pk).exists()
+    writes.delete(lease, api_alice, expected_version=2)
+    assert not Lease.objects.filter(pk=lease.pk).exists()
+    assert list(Change.objects.values_list("type", flat=True)) == ["ADDED", "CONFLICT", "DELETED"]
+
+
+def test_writes_to_a_running_jobs_object_are_handed_to_the_job(api_alice: Writer) -> None:
+    job = Job.objects.create(scenario="counter", status=Job.Status.RUNNING)
+    finished = Job.objects.create(scenario="counter", status=Job.Status.SUCCEEDED)
+    counter = Counter.objects.create(name="c", job=job)
+    other = Counter.objects.create(name="d", job=finished)
+    writes.update(counter, {"value": 1}, api_alice, expected_version=1)
+    with pytest.raises(VersionConflict):
+        writes.update(counter, {"value": 2}, api_alice, expected_version=1)
+    writes.update(other, {"value": 1}, api_alice, expected_version=1)
+    controls = list(JobControl.objects.filter(job=job))
+    assert [c.payload["type"] for c in controls] == ["MODIFIED", "CONFLICT"]
+    assert controls[0].payload["before"]["value"] == 0 and controls[0].payload["after"]["value"] == 1
+    assert controls[1].payload["writer"] == "alice (token laptop)"
+    assert Job.objects.get(pk=job.pk).controls_requested == 2
+    assert not JobControl.objects.filter(job=finished).exists()
+
+
+def test_uid_is_stable_and_differs_between_objects() -> None:
+    a = Lease.objects.create(name="a")
+    b = Lease.objects.create(name="b")
+    assert a.uid == Lease.objects.get(pk=a.pk).uid != b.uid
