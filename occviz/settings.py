@@ -10,6 +10,7 @@ OCCVIZ_MAX_*   the limits on one job (checked by occviz/scenarios/base.py)
 OCCVIZ_DB_CONNECTIONS, OCCVIZ_RESERVED_CONNECTIONS, OCCVIZ_MAX_JOBS_PER_USER  limits across jobs
 OCCVIZ_KEEP_DAYS  how long finished jobs' events are kept (default 30; 0: for ever)
 OCCVIZ_PIN_ACTORS  keep a running job's threads on one CPU (default off)
+OCCVIZ_TLS_PORT, OCCVIZ_TLS_CERT, OCCVIZ_TLS_KEY, OCCVIZ_TLS_CA  serve's HTTPS port and its certificate (occviz/tls.py)
 """
 
 from __future__ import annotations
@@ -172,6 +173,13 @@ OCCVIZ_HEARTBEAT_TIMEOUT_S = envint("OCCVIZ_HEARTBEAT_TIMEOUT_S", 10, minimum=2,
 # On, a running job's threads share one CPU (occviz/jobs/affinity.py): worth it only where they,
 # not the disk, hold the job back (measurements: docs/performance.md).
 OCCVIZ_PIN_ACTORS = envbool("OCCVIZ_PIN_ACTORS", False)
+# serve's HTTPS port (0: none), for kubectl, which sends its token only over TLS; `manage.py kubeconfig`
+# points there. Its certificate: these PEM files (the CA for kubeconfigs, if one of your own signed it),
+# or unset, a CA and a certificate for 127.0.0.1/localhost made once in DATA_DIR/tls.
+OCCVIZ_TLS_PORT = envint("OCCVIZ_TLS_PORT", 8443, minimum=0, maximum=65535)
+OCCVIZ_TLS_CERT = envstr("OCCVIZ_TLS_CERT", "").strip()
+OCCVIZ_TLS_KEY = envstr("OCCVIZ_TLS_KEY", "").strip()
+OCCVIZ_TLS_CA = envstr("OCCVIZ_TLS_CA", "").strip()
 
 LOGGING = {
     "version": 1,
