@@ -148,6 +148,22 @@ class ResourceQuota(VersionedObject):
         constraints = [models.UniqueConstraint(fields=["namespace", "name"], name="resourcequota_unique_name")]
 
 
+class Deployment(VersionedObject):
+    """An apps/v1 Deployment as far as its controllers care: fields that different controllers own."""
+
+    replicas = models.IntegerField(default=0, help_text="spec.replicas")
+    labels = models.JSONField(default=dict, blank=True, help_text="metadata.labels")
+    annotations = models.JSONField(default=dict, blank=True, help_text="metadata.annotations")
+    status = models.JSONField(default=dict, blank=True, help_text='e.g. {"observedGeneration": 3}')
+
+    api_kind = "Deployment"
+    kind_plural = "deployments"
+    api_group = "apps"
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["namespace", "name"], name="deployment_unique_name")]
+
+
 class Change(models.Model):
     """One write to a versioned object by the admin or the API, or one refused: the object's history.
 
