@@ -1,8 +1,10 @@
 """What a running program is given: `JobContext`, its job and parameters, recorder, stop signal and controls.
 
 A program runs its actors through `run_actors` (threads released together by one
-barrier, stopped at the time limit) and takes the failure controls asked for while it
-runs with `on_control`. The runner (runner.py) makes the context; programs only use it.
+barrier, stopped at the time limit), takes the failure controls asked for while it
+runs with `on_control`, and follows writes to its objects from outside the job (the
+admin, the API) with `on_outside_write`, each outside writer on a lane of its own
+(`outside_lane`). The runner (runner.py) makes the context; programs only use it.
 """
 
 from __future__ import annotations
@@ -42,6 +44,12 @@ class JobContext:
         self.elapsed_s = 0.0
         self._control_handler: ControlHandler | None = None
         self._outside_handler: OutsideWriteHandler | None = None
+        self._next_actor: Callable[[], int] = lambda: 0
+        self.outside_lanes: dict[str, int] = {}
+        """Outside writers' lanes: name -> actor number, in the order they first wrote."""
+        self._lanes_lock = threading.Lock()
+        # The recorder's thread delivers; a program settling its accounts delivers too (settle_outside_writes).
+        self._delivering = threading.Lock()
         recorder.on_cancel = lambda: self.request_stop("cancelled")
         recorder.controls_seen = job.controls_requested
         recorder.on_controls = self.deliver_controls
@@ -50,23 +58,53 @@ class JobContext:
         """Controls asked for while the job runs go to `handler(action, actor, seconds)`; a ValueError refuses one."""
         self._control_handler = handler
 
-    def on_outside_write(self, handler: OutsideWriteHandler) -> None:
+    def on_outside_write(
+        self, handler: OutsideWriteHandler | None, *, next_actor: Callable[[], int] | None = None
+    ) -> None:
         """Writes to the job's objects by the admin or the API (and their refusals) go to `handler(payload)`.
 
-        The payload is `occviz.store.writes`'s: type (MODIFIED, CONFLICT, ADDED, DELETED), resource,
-        object_id, via, writer, expected_version, resource_version, before and after.
+        The payload is `occviz.store.writes`'s: change (the Change's id), type (MODIFIED, CONFLICT,
+        ADDED, DELETED), resource, object_id, name, via, writer, expected_version, resource_version,
+        before and after. `next_actor()` numbers a new outside writer's lane (after the program's
+        own actors). A handler of None stops following: later writes are marked as not followed.
         """
         self._outside_handler = handler
+        if next_actor is not None:
+            self._next_actor = next_actor
+
+    def outside_lane(self, name: str) -> int:
+        """The actor number of outside writer `name`'s lane, numbered the first time it writes."""
+        with self._lanes_lock:
+            number = self.outside_lanes.get(name)
+            if number is None:
+                number = self.outside_lanes[name] = self._next_actor()
+            return number
+
+    def settle_outside_writes(self) -> None:
+        """Hand every outside write committed so far to the program now, and stop following them.
+
+        Called by a program that is about to check its objects against its events: call it in
+        a transaction that has locked those objects, so that no outside write lands between
+        what it reads and what its events say. It waits for a delivery under way on the
+        recorder's thread, so none is half recorded.
+        """
+        self.deliver_controls()
+        self._outside_handler = None
 
     def deliver_controls(self) -> None:
-        """Hand each control not yet applied to the program, once (called from the recorder's thread)."""
+        """Hand each control not yet applied to the program, once (from the recorder's thread, or settling)."""
+        with self._delivering:
+            self._deliver_controls()
+
+    def _deliver_controls(self) -> None:
         for control in JobControl.objects.filter(job_id=self.job.pk, applied_at=None).order_by("id"):
             # Applied by compare-and-swap: two deliveries never apply the same control twice.
             if not JobControl.objects.filter(pk=control.pk, applied_at=None).update(applied_at=timezone.now()):
                 continue
             outcome = ""
             if control.action == "outside":
-                if self._outside_handler is not None and not self.stop.is_set():
+                # Followed after the stop too: the writers wind down, and the objects still take writes.
+                if self._outside_handler is not None:
                     self._outside_handler(control.payload or {})
                 else:
                     outcome = "the job does not follow outside writes now"
@@ -126,4 +164,4 @@ class JobContext:
             connections.close_all()
 
 
-__all__ = ["Actor", "ControlHandler", "JobContext"]
+__all__ = ["Actor", "ControlHandler", "JobContext", "OutsideWriteHandler"]

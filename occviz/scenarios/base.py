@@ -20,6 +20,7 @@ the scenario's form, so the same input gets the same error everywhere. Its numbe
 from __future__ import annotations
 
 import functools
+import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -285,9 +286,17 @@ class Scenario:
     def _kinds(self) -> dict[str, EventKind]:
         return {kind.name: kind for kind in self.kinds}
 
+    def who(self, event: Mapping[str, Any]) -> str:
+        """The name of the event's lane: an outside writer's own (its detail says), else the actor's."""
+        detail = event.get("detail")
+        if isinstance(detail, str):
+            detail = json.loads(detail or "null")
+        lane = (detail or {}).get("lane")
+        return str(lane) if lane else self.actor_name(int(event["actor"]))
+
     def describe(self, event: Mapping[str, Any]) -> str:
         """One event as a sentence a class can read aloud."""
-        who = self.actor_name(int(event["actor"]))
+        who = self.who(event)
         kind = self.kind(event["kind"])
         if kind is None:
             return f"{who}: {event['kind']}"

@@ -11,14 +11,15 @@ once, so versions written minus value gained is the number of updates erased).
 
 from __future__ import annotations
 
+import json
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from django import forms
 from django.conf import settings
-from django.db import connection
+from django.db import connection, transaction
 
 from occviz.concurrency.retry import LARGEST_FACTOR, LONGEST_WAIT_MS, PRESETS, make_policy
 from occviz.concurrency.strategies import PROTECTED, STRATEGIES, Writer, connected
@@ -34,6 +35,7 @@ from occviz.scenarios.base import (
     WholeNumberField,
     check_limit,
 )
+from occviz.scenarios.outside import outside_write
 from occviz.store.models import Counter
 
 if TYPE_CHECKING:
@@ -159,8 +161,51 @@ def run(context: JobContext) -> dict[str, Any]:
 
         return act
 
+    lanes, own_rows = iter(range(params["writers"] + 1, 2**31)), set(rows)
+    context.on_outside_write(
+        lambda payload: record_outside_write(context, own_rows, payload), next_actor=lanes.__next__
+    )
     context.run_actors([writer_actor(n) for n in range(1, params["writers"] + 1)], time_limit_s=limit_s)
-    return summarize(job, params, rows, context.elapsed_s, seed)
+    with transaction.atomic():
+        # The rows locked while they are read: every outside write that landed before is
+        # then recorded, and none lands after, so the rows and the events tell one story.
+        list(Counter.objects.filter(pk__in=rows).select_for_update().values_list("pk"))
+        tally = tally_rows(job.pk, params["initial_value"])
+        context.settle_outside_writes()
+    context.recorder.flush()
+    return summarize(job, params, rows, context.elapsed_s, seed, tally)
+
+
+def record_outside_write(context: JobContext, rows: set[int], payload: Mapping[str, Any]) -> None:
+    """An admin's or API writer's write to one of the job's rows, as an event on that writer's lane.
+
+    value_read/value_written: the value before and after; for a blind write that lowered the
+    value, detail.erased is how much of the job's count it took away. detail.delta (after -
+    before) is what the summary adds to the job's own increments.
+    """
+    if payload.get("resource") != "counters" or payload.get("object_id") not in rows:
+        return
+    write = outside_write(context, payload)
+    before, after = write.before.get("value"), write.after.get("value", 0)
+    detail = dict(write.detail, name=payload.get("name"))
+    fields: dict[str, Any] = {"version_read": write.version_read, "value_read": before}
+    if write.type == "MODIFIED":
+        delta = int(after) - int(before or 0)
+        detail["delta"] = delta
+        if write.blind and delta < 0:
+            detail["erased"] = -delta
+        kind = "outside_write"
+        fields.update(version_written=write.version_written, value_written=after)
+    elif write.type == "CONFLICT":
+        kind = "outside_conflict"
+        fields.update(value_written=after)
+    elif write.type == "DELETED":
+        kind = "outside_deleted"
+        # What the row had counted leaves with it: the summary still counts it.
+        detail.update(removed_versions=int(payload["resource_version"]) - 1, removed_value=before)
+    else:
+        return  # a new object is not one of the job's rows
+    context.recorder.record(write.actor, 0, 1, kind, int(payload["object_id"]), detail=detail, **fields)
 
 
 def _percentiles(values: list[float | None]) -> dict[str, float | None]:
@@ -199,8 +244,55 @@ def tally_rows(job_id: int, initial_value: int) -> RowTally:
     )
 
 
-def summarize(job: Job, params: dict[str, Any], rows: list[int], elapsed_s: float, seed: int) -> dict[str, Any]:
-    """The job's figures, counted from its stored events and checked against its rows."""
+@dataclass
+class OutsideTally:
+    """What the outside writers' events (the admin's, the API's) did to the job's rows."""
+
+    commits: int = 0
+    delta: int = 0
+    """The sum of their writes' after - before: what the rows gained (or lost) by them."""
+    erased: int = 0
+    """What blind writes took away from the count: the job's increments they wrote over."""
+    erased_by: dict[str, int] = field(default_factory=dict)
+    removed_versions: int = 0
+    removed_value: int = 0
+    """Versions written to, and value of, rows deleted from outside (counted as if still there)."""
+    removed_rows: int = 0
+
+
+def tally_outside(job_id: int) -> OutsideTally:
+    """Sum the outside events' details (only outside events carry a lane): a few rows, however long the job."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT e.d FROM jobs_eventbatch AS b CROSS JOIN LATERAL jsonb_each(b.detail) AS e(k, d) "
+            "WHERE b.job_id = %s AND e.d ? 'lane' ORDER BY b.seq_from, e.k::int",
+            [job_id],
+        )
+        details = [json.loads(d) if isinstance(d, str) else d for (d,) in cursor.fetchall()]
+    tally = OutsideTally()
+    for detail in details:
+        if "delta" in detail:
+            tally.commits += 1
+            tally.delta += int(detail["delta"])
+        if detail.get("erased"):
+            tally.erased += int(detail["erased"])
+            tally.erased_by[detail["lane"]] = tally.erased_by.get(detail["lane"], 0) + int(detail["erased"])
+        if "removed_versions" in detail:
+            tally.removed_rows += 1
+            tally.removed_versions += int(detail["removed_versions"])
+            tally.removed_value += int(detail["removed_value"] or 0)
+    return tally
+
+
+def summarize(
+    job: Job, params: dict[str, Any], rows: list[int], elapsed_s: float, seed: int, tally: RowTally | None = None
+) -> dict[str, Any]:
+    """The job's figures, counted from its stored events and checked against its rows (as `tally` read them).
+
+    Outside writes count too: the rows should hold the job's own increments plus what the
+    outside writers' writes added (after - before), so an API increment is no lost update;
+    a blind outside write that lowered the value erased that much of the job's count.
+    """
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT kind, count(*), coalesce(sum(duration_ms), 0) FROM jobs_event WHERE job_id = %s GROUP BY kind",
@@ -213,7 +305,8 @@ def summarize(job: Job, params: dict[str, Any], rows: list[int], elapsed_s: floa
             [job.pk],
         )
         latency = cursor.fetchone()[0]
-    tally = tally_rows(job.pk, params["initial_value"])
+    tally = tally or tally_rows(job.pk, params["initial_value"])
+    outside = tally_outside(job.pk)
 
     def count(kind: str) -> int:
         return int(by_kind.get(kind, (0, 0.0))[0])
@@ -222,26 +315,36 @@ def summarize(job: Job, params: dict[str, Any], rows: list[int], elapsed_s: floa
     conflicts = count("conflict")
     failures = conflicts + count("serialization_failure") + count("deadlock") + count("lock_timeout")
     initial_value = params["initial_value"] * len(rows)
-    gained = tally.value_gained
+    gained = tally.value_gained + outside.removed_value - params["initial_value"] * outside.removed_rows
     final_value = initial_value + gained
-    versions_written = tally.versions_written
-    lost = committed - gained
+    versions_written = tally.versions_written + outside.removed_versions
+    job_versions = versions_written - outside.commits
+    lost = committed - (gained - outside.delta)
     strategy = params["strategy"]
+    from_outside = (
+        f" + {outside.delta} from {outside.commits} outside write{'s' * (outside.commits != 1)}"
+        if outside.commits
+        else ""
+    )
     if strategy in PROTECTED:
-        ok = lost == 0 and versions_written == committed
+        ok = lost == 0 and job_versions == committed
         verdict = (
-            f"final {final_value} = initial {initial_value} + {committed} committed: no update lost"
+            f"final {final_value} = initial {initial_value} + {committed} committed{from_outside}: no update lost"
             if ok
-            else f"final {final_value} != initial {initial_value} + {committed} committed: {lost} updates lost"
+            else f"final {final_value} != initial {initial_value} + {committed} committed{from_outside}: "
+            f"{lost} updates lost"
         )
     else:
-        ok = versions_written == committed
+        ok = job_versions == committed
         verdict = (
-            f"{committed} blind writes committed, the value rose by {gained}: {lost} updates lost, "
-            f"counted exactly (the rows' versions confirm {versions_written} writes)"
+            f"{committed} blind writes committed, the value rose by {gained - outside.delta}{from_outside}: "
+            f"{lost} updates lost, counted exactly (the rows' versions confirm {job_versions} writes)"
             if ok
-            else f"the job counted {committed} writes but the rows' versions show {versions_written}"
+            else f"the job counted {committed} writes but the rows' versions show {job_versions}"
         )
+    if outside.erased:
+        by = ", ".join(f"{n} by {lane}" for lane, n in outside.erased_by.items())
+        verdict += f"; {outside.erased} increments erased by blind outside writes ({by}): lost updates"
     return {
         "strategy": strategy,
         "retry": params["retry"] if strategy in {"occ", "pessimistic", "serializable"} else None,
@@ -265,7 +368,11 @@ def summarize(job: Job, params: dict[str, Any], rows: list[int], elapsed_s: floa
         "errors": count("error"),
         "initial_value": initial_value,
         "final_value": final_value,
-        "lost_updates": lost,
+        "lost_updates": lost + outside.erased,
+        "outside_writes": outside.commits,
+        "outside_delta": outside.delta,
+        "outside_conflicts": count("outside_conflict"),
+        "lost_to_outside_blind_writes": outside.erased,
         "invariant_ok": ok,
         "invariant": verdict,
         "duration_s": round(elapsed_s, 4),
@@ -283,7 +390,10 @@ def read_state(job_id: int, params: Mapping[str, Any]) -> State:
         {"id": pk, "name": row_name, "value": value, "version": version}
         for pk, row_name, value, version in tally.rows[:MAX_ROWS_SHOWN]
     ]
-    return State({"rows": rows}, {"lost_updates": tally.lost_updates})
+    # Outside writes moved versions and values by their own amounts: not lost updates, unless erased.
+    outside = tally_outside(job_id)
+    lost = tally.lost_updates - outside.commits + outside.delta + outside.erased
+    return State({"rows": rows}, {"lost_updates": lost})
 
 
 # The contended rows shown live (the sums behind lost_updates still cover all rows).
@@ -292,6 +402,10 @@ _FAILED_ATTEMPTS = ("conflict", "serialization_failure", "deadlock", "lock_timeo
 _CONFLICT_409 = (
     '409 Conflict: Operation cannot be fulfilled on counters "row {row}": the object has been modified; '
     "please apply your changes to the latest version and try again"
+)
+_OUTSIDE_409 = (
+    '409 Conflict: Operation cannot be fulfilled on counters.occviz.dev "{detail.name}": the object has been '
+    "modified; please apply your changes to the latest version and try again"
 )
 
 
@@ -366,6 +480,37 @@ class CounterRace(Scenario):
             "#7a1010",
             "diamond",
         ),
+        EventKind(
+            "outside_write",
+            "outside write",
+            (
+                "{detail.writer} via {detail.via_words}: blind write v{version_written} "
+                "(value {value_read} → {value_written}), erasing {detail.erased} of the count",
+                "{detail.writer} via {detail.via_words}: {detail.blind} write v{version_written} "
+                "(value {value_read} → {value_written})",
+                "{detail.writer} via {detail.via_words}: committed v{version_written} "
+                "(value {value_read} → {value_written})",
+            ),
+            "#0f766e",
+            "dot",
+            ring_when="blind",
+            ring_label="blind write (no resourceVersion)",
+        ),
+        EventKind(
+            "outside_conflict",
+            "outside conflict (409)",
+            ("{detail.writer} via {detail.via_words}: conflict, had v{version_read}, stored v{detail.stored_version}",),
+            "#d62828",
+            "cross",
+            explain=_OUTSIDE_409,
+        ),
+        EventKind(
+            "outside_deleted",
+            "deleted from outside",
+            ("{detail.writer} via {detail.via_words}: deleted {detail.name} at v{version_read}",),
+            "#7a1010",
+            "square",
+        ),
         ERROR,
     )
     figures = (
@@ -383,6 +528,8 @@ class CounterRace(Scenario):
         Figure("commits_per_s", "commits/s", per_second=("committed",)),
         Figure("latency_ms", "latency p50 / p95 / p99 (ms)", percentiles=("committed",)),
         Figure("lost_updates", "lost updates", from_state=True, alarm=True),
+        Figure("outside_writes", "outside writes", count=("outside_write",)),
+        Figure("outside_conflicts", "outside conflicts (409)", count=("outside_conflict",)),
     )
     rates = ("committed", "conflict")
     compared = (
@@ -400,6 +547,7 @@ class CounterRace(Scenario):
         ("lock_waits", "lock waits"),
         ("lock_wait_ms", "lock wait (ms)"),
         ("lost_updates", "lost updates"),
+        ("outside_writes", "outside writes"),
         ("commits_per_s", "commits per second"),
         ("latency_ms.p50", "latency p50 (ms)"),
         ("latency_ms.p95", "latency p95 (ms)"),

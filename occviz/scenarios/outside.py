@@ -1,0 +1,99 @@
+"""Writes from outside a job (the admin, the HTTP API), as events of the job on lanes of their own.
+
+`occviz.store.writes` hands each write to a running job's objects, or each refusal, to
+the job (`JobContext.on_outside_write`) as a payload. A scenario turns it into events of
+its own kinds; what every scenario needs for that is here: the writer's lane (numbered
+the first time it writes, named after it: "api: alice (token laptop)"), the detail
+every outside event carries (the lane's name, so pages, replay and exports word it
+without asking the job), and the moment of the write by the server's clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
+
+from occviz.store.models import Change
+
+if TYPE_CHECKING:
+    from occviz.jobs.context import JobContext
+
+Payload = Mapping[str, Any]
+
+# How a sentence says where the write came from: "alice (token laptop) via the API".
+VIA_WORDS: Final = {"api": "the API", "admin": "the admin", "job": "another job"}
+
+
+def lane_name(payload: Payload) -> str:
+    """The lane of the writer of `payload`: "api: alice (token laptop)", "admin: bob"."""
+    return f"{payload.get('via') or 'outside'}: {payload.get('writer') or 'unknown'}"
+
+
+@dataclass(frozen=True)
+class OutsideWrite:
+    """One outside write as a scenario records it: its lane and the detail its events carry."""
+
+    actor: int
+    detail: dict[str, Any]
+    payload: Payload
+
+    @property
+    def type(self) -> str:
+        return str(self.payload.get("type") or "")
+
+    @property
+    def before(self) -> Mapping[str, Any]:
+        return self.payload.get("before") or {}
+
+    @property
+    def after(self) -> Mapping[str, Any]:
+        return self.payload.get("after") or {}
+
+    @property
+    def blind(self) -> bool:
+        return self.payload.get("expected_version") is None
+
+    @property
+    def version_written(self) -> int | None:
+        version = self.payload.get("resource_version")
+        return None if version is None else int(version)
+
+    @property
+    def version_read(self) -> int | None:
+        """The version the writer had read: the one it expected, or (blind) the one stored before its write."""
+        expected = self.payload.get("expected_version")
+        if expected is not None:
+            return int(expected)
+        written = self.version_written
+        if written is None:
+            return None
+        return written - 1 if self.type == "MODIFIED" else written
+
+
+def outside_write(context: JobContext, payload: Payload, lane: str | None = None) -> OutsideWrite:
+    """The write's lane (by default named after its writer) and the detail every outside event carries.
+
+    detail: lane (the lane's name: how pages and exports name the actor), writer, via, via_words,
+    change (the Change's id, which the watch page shows), blind ("blind" for an unconditional
+    write), stored_version (for a refusal: the version stored when it was refused).
+    """
+    name = lane or lane_name(payload)
+    detail: dict[str, Any] = {
+        "lane": name,
+        "writer": payload.get("writer"),
+        "via": payload.get("via"),
+        "via_words": VIA_WORDS.get(str(payload.get("via")), str(payload.get("via"))),
+        "change": payload.get("change"),
+    }
+    if payload.get("expected_version") is None and payload.get("type") in ("MODIFIED", "DELETED"):
+        detail["blind"] = "blind"
+    if payload.get("type") == "CONFLICT":
+        detail["stored_version"] = payload.get("resource_version")
+    return OutsideWrite(context.outside_lane(name), detail, payload)
+
+
+def written_at(payload: Payload) -> str | None:
+    """When the write was stored, by the server's clock, as ISO text (None if its Change is gone)."""
+    at = Change.objects.filter(pk=int(payload.get("change") or 0)).values_list("at", flat=True).first()
+    return None if at is None else at.isoformat()

@@ -1,0 +1,174 @@
+"""Writes from outside a job (the admin, the API) to a running counter race: lanes of the job, no update lost.
+
+A real counter job runs through the runner (its writers are threads on their own
+connections) while a thread of this test increments the same row through
+`occviz.store.writes`, as the API and the admin do: read, think, compare-and-swap with
+the version it read, re-read and retry on a conflict. Think time on both sides makes
+the two collide.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from occviz.jobs.models import Job
+from occviz.jobs.runner import run_job
+from occviz.jobs.tasks import create_job
+from occviz.scenarios import SCENARIOS
+from occviz.store import writes
+from occviz.store.cas import ANY
+from occviz.store.models import Counter, VersionConflict
+from tests.helpers import events
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+ALICE = writes.Writer("api", "alice (token laptop)")
+
+
+def _job_row(job_id: int, timeout: float = 20.0) -> Counter:
+    """The job's first row, once its program has made it (and the job runs)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        row = Counter.objects.filter(job_id=job_id).order_by("pk").first()
+        if row is not None and Job.objects.filter(pk=job_id, status=Job.Status.RUNNING).exists():
+            return row
+        time.sleep(0.005)
+    raise AssertionError(f"job {job_id} made no row within {timeout} s")
+
+
+class OutsideIncrementer(threading.Thread):
+    """Read-modify-write increments of the job's row through store.writes, retried on conflict."""
+
+    def __init__(self, job_id: int, increments: int, think_s: float, writer: writes.Writer = ALICE) -> None:
+        super().__init__(name="outside-writer")
+        self.job_id, self.increments, self.think_s, self.writer = job_id, increments, think_s, writer
+        self.committed = 0
+        self.conflicts = 0
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        from django.db import connection
+
+        rng = random.Random(7)
+        try:
+            row = _job_row(self.job_id)
+            for _ in range(self.increments):
+                while True:
+                    row = Counter.objects.get(pk=row.pk)
+                    time.sleep(self.think_s * rng.uniform(0.5, 1.5))
+                    try:
+                        writes.update(row, {"value": row.value + 1}, self.writer, expected_version=row.resource_version)
+                    except VersionConflict:
+                        self.conflicts += 1
+                        continue
+                    self.committed += 1
+                    break
+        except BaseException as error:  # reported by the test
+            self.error = error
+        finally:
+            connection.close()
+
+
+def _run_with(outside: OutsideIncrementer) -> Job:
+    outside.start()
+    job = run_job(outside.job_id)
+    outside.join(timeout=60)
+    assert outside.error is None, outside.error
+    return job
+
+
+def test_api_increments_and_the_job_share_one_counter_and_no_update_is_lost(alice: Any) -> None:
+    # The job outlasts the outside writer (about 0.2 s of work against several seconds).
+    params = {"strategy": "occ", "writers": 4, "increments": 150, "think_ms": 3, "max_attempts": 50}
+    job = create_job("counter", params, alice)
+    outside = OutsideIncrementer(job.pk, increments=40, think_s=0.003)
+    job = _run_with(outside)
+
+    summary = job.summary
+    assert job.status == Job.Status.SUCCEEDED, job.error
+    assert summary["invariant_ok"], summary["invariant"]
+    row = Counter.objects.get(job=job)
+    assert row.value == summary["final_value"] == summary["committed"] + outside.committed
+    assert summary["committed"] + summary["gave_up"] == 4 * 150
+    assert summary["outside_writes"] == outside.committed == 40
+    assert summary["outside_delta"] == 40
+    assert summary["lost_updates"] == 0
+    assert "from 40 outside writes: no update lost" in summary["invariant"]
+    # The race happened, on both sides.
+    assert outside.conflicts > 0, "the outside writer never collided: raise the think time"
+    assert summary["conflicts"] > 0
+
+    lane = events(job, "outside_write", "outside_conflict")
+    assert {e.actor for e in lane} == {5}  # one lane, after the job's four writers
+    assert sum(e.kind == "outside_write" for e in lane) == outside.committed
+    assert sum(e.kind == "outside_conflict" for e in lane) == outside.conflicts == summary["outside_conflicts"]
+    assert all(e.detail["lane"] == "api: alice (token laptop)" for e in lane)
+    commit = next(e for e in lane if e.kind == "outside_write")
+    assert commit.version_written == commit.version_read + 1
+    assert commit.value_written == commit.value_read + 1
+    refused = next(e for e in lane if e.kind == "outside_conflict")
+    assert refused.detail["stored_version"] > refused.version_read
+
+    spec = SCENARIOS["counter"]
+    said = spec.describe({"actor": refused.actor, "kind": refused.kind, **_fields(refused)})
+    assert said == (
+        f"alice (token laptop) via the API: conflict, had v{refused.version_read}, "
+        f"stored v{refused.detail['stored_version']}"
+    )
+
+
+def test_a_blind_outside_write_over_the_jobs_increments_is_counted_as_lost(alice: Any) -> None:
+    params = {"strategy": "occ", "writers": 2, "increments": 80, "think_ms": 2}
+    job = create_job("counter", params, alice)
+    bob = writes.Writer("admin", "bob")
+
+    def overwrite() -> None:
+        from django.db import connection
+
+        try:
+            row = _job_row(job.pk)
+            while Counter.objects.get(pk=row.pk).value < 30:
+                time.sleep(0.005)
+            writes.update(Counter.objects.get(pk=row.pk), {"value": 5}, bob, expected_version=ANY)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=overwrite)
+    thread.start()
+    job = run_job(job.pk)
+    thread.join()
+
+    summary = job.summary
+    blind = events(job, "outside_write")
+    assert len(blind) == 1 and blind[0].detail["blind"] == "blind"
+    erased = blind[0].value_read - 5
+    assert erased >= 25
+    assert blind[0].detail["erased"] == erased
+    assert summary["lost_to_outside_blind_writes"] == erased
+    assert summary["lost_updates"] == erased
+    # The job itself lost nothing: its accounting holds, and the verdict names who erased what.
+    assert summary["invariant_ok"], summary["invariant"]
+    assert f"{erased} increments erased by blind outside writes ({erased} by admin: bob)" in summary["invariant"]
+    assert Counter.objects.get(job=job).value == summary["committed"] - erased
+
+
+def test_a_write_after_the_job_is_not_its_event(alice: Any) -> None:
+    job = run_job(create_job("counter", {"strategy": "occ", "writers": 1, "increments": 3}, alice).pk)
+    row = Counter.objects.get(job=job)
+    writes.update(row, {"value": 100}, ALICE, expected_version=row.resource_version)
+    assert not events(job, "outside_write")
+
+
+def _fields(event: Any) -> dict[str, Any]:
+    return {
+        "version_read": event.version_read,
+        "version_written": event.version_written,
+        "value_read": event.value_read,
+        "value_written": event.value_written,
+        "detail": event.detail,
+    }
