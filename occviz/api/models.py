@@ -23,6 +23,7 @@ class ApiToken(models.Model):
     prefix = models.CharField(
         max_length=12, editable=False, help_text="The token's first characters, to tell it apart."
     )
+    read_only = models.BooleanField(default=False, help_text="Reads only: a write with it is refused (403).")
     created_at = models.DateTimeField(default=timezone.now)
     last_used_at = models.DateTimeField(null=True, blank=True)
 
@@ -33,10 +34,10 @@ class ApiToken(models.Model):
         return f"{self.name} ({self.prefix}...) of {self.user}"
 
     @classmethod
-    def issue(cls, user: object, name: str) -> tuple[ApiToken, str]:
+    def issue(cls, user: object, name: str, *, read_only: bool = False) -> tuple[ApiToken, str]:
         """A new token for `user`: the stored row, and the token (shown this once)."""
         token = "occviz_" + secrets.token_urlsafe(32)
-        row = cls.objects.create(user=user, name=name, digest=_digest(token), prefix=token[:12])
+        row = cls.objects.create(user=user, name=name, digest=_digest(token), prefix=token[:12], read_only=read_only)
         return row, token
 
     @classmethod

@@ -1,0 +1,254 @@
+"""Each served kind: its store model, its request schema, and its Kubernetes JSON both ways.
+
+`to_json(obj)` is the object as the API server would show it; `fields(body, current)` the
+store fields a validated body asks for. A replace (PUT) sets the spec as given (what it
+leaves out takes its default) and keeps the status it leaves out, as the API server keeps a
+status that has its own subresource.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from pydantic import BaseModel
+
+from occviz.api import schemas
+from occviz.store.models import Counter, Lease, Pod, ResourceQuota, VersionedObject
+
+DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_SUFFIXES = {
+    "m": Decimal("0.001"),
+    "": Decimal(1),
+    "k": Decimal(10**3),
+    "M": Decimal(10**6),
+    "G": Decimal(10**9),
+    "T": Decimal(10**12),
+    "Ki": Decimal(2**10),
+    "Mi": Decimal(2**20),
+    "Gi": Decimal(2**30),
+    "Ti": Decimal(2**40),
+}
+_QUANTITY = re.compile(r"([0-9]+(?:\.[0-9]+)?)(m|k|M|G|T|Ki|Mi|Gi|Ti)?")
+
+
+def subdomain_error(name: str) -> str | None:
+    """Why `name` is not a valid object name (a lowercase RFC 1123 subdomain), or None."""
+    if len(name) > 253:
+        return "must be no more than 253 characters"
+    if not DNS_SUBDOMAIN.fullmatch(name):
+        return (
+            "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', "
+            "and must start and end with an alphanumeric character (e.g. 'example.com', regex used for "
+            f"validation is '{DNS_SUBDOMAIN.pattern}')"
+        )
+    return None
+
+
+def label_error(namespace: str) -> str | None:
+    """Why `namespace` is not a valid namespace name (a lowercase RFC 1123 label), or None."""
+    if len(namespace) > 63 or not DNS_LABEL.fullmatch(namespace):
+        return (
+            "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must "
+            "start and end with an alphanumeric character (e.g. 'my-name', regex used for validation is "
+            f"'{DNS_LABEL.pattern}'), at most 63 characters"
+        )
+    return None
+
+
+def microtime(value: datetime | None) -> str | None:
+    """A MicroTime as the API server writes it: RFC 3339 in UTC with six fractional digits."""
+    if value is None:
+        return None
+    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def rfc3339(value: datetime) -> str:
+    """A metav1.Time: RFC 3339 in UTC, whole seconds."""
+    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class FieldInvalid(Exception):
+    """A value that parses but is not allowed: `field` (its JSON path), `value`, `why`."""
+
+    def __init__(self, field: str, value: Any, why: str) -> None:
+        super().__init__(f"{field}: Invalid value: {value!r}: {why}")
+        self.field = field
+        self.value = value
+        self.why = why
+
+
+def quantity(value: int | str, field: str) -> int | float:
+    """A resource.Quantity ("1", "500m", "2Gi", 3) as a number; FieldInvalid if it is none."""
+    if isinstance(value, int):
+        return value
+    match = _QUANTITY.fullmatch(value.strip())
+    if match is None:
+        raise FieldInvalid(
+            field,
+            value,
+            "a quantity is a non-negative number with an optional suffix (m, k, M, G, T, Ki, Mi, Gi, Ti): 1, 500m, 2Gi",
+        )
+    try:
+        amount = Decimal(match.group(1)) * _SUFFIXES[match.group(2) or ""]
+    except InvalidOperation:
+        raise FieldInvalid(field, value, "not a quantity") from None
+    if amount > schemas.INT64_MAX:
+        raise FieldInvalid(field, value, "too large")
+    return int(amount) if amount == amount.to_integral_value() else float(amount)
+
+
+def quantity_text(value: Any) -> str:
+    """A stored amount as a Quantity string: 1 -> "1", 0.5 -> "500m"."""
+    if isinstance(value, float) and not value.is_integer():
+        return f"{round(value * 1000)}m"
+    return str(int(value)) if isinstance(value, int | float) else str(value)
+
+
+def _quantities(values: dict[str, Any] | None, field: str) -> dict[str, int | float]:
+    return {key: quantity(amount, f"{field}[{key}]") for key, amount in (values or {}).items()}
+
+
+def _texts(values: dict[str, Any] | None) -> dict[str, str]:
+    return {key: quantity_text(amount) for key, amount in (values or {}).items()}
+
+
+# -- each kind's JSON ------------------------------------------------------------------
+
+
+def _lease_json(obj: Lease) -> dict[str, Any]:
+    spec: dict[str, Any] = {}
+    if obj.holder_identity:
+        spec["holderIdentity"] = obj.holder_identity
+    spec["leaseDurationSeconds"] = obj.lease_duration_seconds
+    if obj.acquire_time is not None:
+        spec["acquireTime"] = microtime(obj.acquire_time)
+    if obj.renew_time is not None:
+        spec["renewTime"] = microtime(obj.renew_time)
+    spec["leaseTransitions"] = obj.lease_transitions
+    return {"spec": spec}
+
+
+def _lease_fields(body: schemas.Lease, current: Lease | None) -> dict[str, Any]:
+    spec = body.spec
+    return {
+        "holder_identity": spec.holderIdentity or "",
+        "lease_duration_seconds": spec.leaseDurationSeconds or 15,
+        "acquire_time": spec.acquireTime,
+        "renew_time": spec.renewTime,
+        "lease_transitions": spec.leaseTransitions or 0,
+    }
+
+
+# Pod requests are stored under quota names (`requests.nvidia.com/gpu`), as admission charges them.
+_REQUESTS_PREFIX = "requests."
+
+
+def _pod_json(obj: Pod) -> dict[str, Any]:
+    requests = {
+        key.removeprefix(_REQUESTS_PREFIX): quantity_text(amount) for key, amount in (obj.requests or {}).items()
+    }
+    container: dict[str, Any] = {"name": "main", "image": "occviz/pod"}
+    if requests:
+        container["resources"] = {"requests": requests}
+    return {"spec": {"containers": [container]}, "status": {"phase": obj.phase}}
+
+
+def _pod_fields(body: schemas.Pod, current: Pod | None) -> dict[str, Any]:
+    requests: dict[str, int | float] = {}
+    for index, container in enumerate(body.spec.containers):
+        asked = container.resources.requests if container.resources else None
+        field = f"spec.containers[{index}].resources.requests"
+        for key, amount in _quantities(asked, field).items():
+            quota_key = key if key.startswith(_REQUESTS_PREFIX) else _REQUESTS_PREFIX + key
+            requests[quota_key] = requests.get(quota_key, 0) + amount
+    phase = body.status.phase if body.status and body.status.phase else None
+    return {
+        "requests": requests,
+        "phase": phase or (current.phase if current else Pod.Phase.PENDING),
+    }
+
+
+def _quota_json(obj: ResourceQuota) -> dict[str, Any]:
+    hard = _texts(obj.hard)
+    return {"spec": {"hard": hard}, "status": {"hard": hard, "used": _texts(obj.used)}}
+
+
+def _quota_fields(body: schemas.ResourceQuota, current: ResourceQuota | None) -> dict[str, Any]:
+    fields: dict[str, Any] = {"hard": _quantities(body.spec.hard, "spec.hard")}
+    if body.status and body.status.used is not None:
+        fields["used"] = _quantities(body.status.used, "status.used")
+    elif current is None:
+        fields["used"] = {key: 0 for key in fields["hard"]}
+    return fields
+
+
+def _counter_json(obj: Counter) -> dict[str, Any]:
+    return {"spec": {"value": obj.value}, "status": {"fencingToken": obj.fencing_token}}
+
+
+def _counter_fields(body: schemas.Counter, current: Counter | None) -> dict[str, Any]:
+    fields: dict[str, Any] = {"value": body.spec.value or 0}
+    if body.status and body.status.fencingToken is not None:
+        fields["fencing_token"] = body.status.fencingToken
+    return fields
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One served resource: where it lives in the API, its store model, and its JSON both ways."""
+
+    model: type[VersionedObject]
+    schema: type[schemas._Object]
+    short_names: tuple[str, ...]
+    _to_json: Callable[[Any], dict[str, Any]]
+    _fields: Callable[[Any, Any], dict[str, Any]]
+
+    @property
+    def kind(self) -> str:
+        return self.model.api_kind
+
+    @property
+    def plural(self) -> str:
+        return self.model.kind_plural
+
+    @property
+    def group(self) -> str:
+        return self.model.api_group
+
+    @property
+    def api_version(self) -> str:
+        """`apiVersion` of its objects: "v1" for the core group, "<group>/v1" otherwise."""
+        return f"{self.group}/{self.model.api_version}" if self.group else self.model.api_version
+
+    @property
+    def path(self) -> str:
+        """The group version's path: /api/v1 or /apis/<group>/v1."""
+        return f"/apis/{self.api_version}" if self.group else f"/api/{self.api_version}"
+
+    def to_json(self, obj: VersionedObject) -> dict[str, Any]:
+        metadata = {
+            "name": obj.name,
+            "namespace": obj.namespace,
+            "uid": obj.uid,
+            "resourceVersion": str(obj.resource_version),
+            "creationTimestamp": rfc3339(obj.created_at),
+        }
+        return {"apiVersion": self.api_version, "kind": self.kind, "metadata": metadata, **self._to_json(obj)}
+
+    def fields(self, body: BaseModel, current: VersionedObject | None) -> dict[str, Any]:
+        """The store fields `body` asks for (FieldInvalid for a value that is not allowed)."""
+        return self._fields(body, current)
+
+
+KINDS: tuple[Kind, ...] = (
+    Kind(Pod, schemas.Pod, ("po",), _pod_json, _pod_fields),
+    Kind(ResourceQuota, schemas.ResourceQuota, ("quota",), _quota_json, _quota_fields),
+    Kind(Lease, schemas.Lease, (), _lease_json, _lease_fields),
+    Kind(Counter, schemas.Counter, ("cnt",), _counter_json, _counter_fields),
+)
