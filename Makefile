@@ -3,6 +3,8 @@
 
 HOST ?= 127.0.0.1
 PORT ?= 8000
+# HTTPS for kubectl (python manage.py kubeconfig <user>); 0: none.
+TLS_PORT ?= 8443
 WORKERS ?= 2
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -21,7 +23,7 @@ $(VENV)/.installed: requirements.txt
 	touch $@
 
 run: $(VENV)/.installed
-	$(PY) manage.py serve --host $(HOST) --port $(PORT) --workers $(WORKERS)
+	$(PY) manage.py serve --host $(HOST) --port $(PORT) --tls-port $(TLS_PORT) --workers $(WORKERS)
 
 test: $(VENV)/.installed lint typecheck
 	$(PY) manage.py makemigrations --check --dry-run

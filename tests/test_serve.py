@@ -53,11 +53,11 @@ class Served:
     """A `manage.py serve` child process: its output as it comes, its sign-in, its children."""
 
     def __init__(self, env: dict[str, str], *, workers: int = 2, args: tuple[str, ...] = ()) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.port, self.tls_port = free_port(), free_port()
+        self.url, self.tls_url = f"http://127.0.0.1:{self.port}", f"https://127.0.0.1:{self.tls_port}"
         self.process = subprocess.Popen(
             [sys.executable, str(ROOT / "manage.py"), "serve", "--port", str(self.port), "--workers", str(workers)]
-            + list(args),
+            + ["--tls-port", str(self.tls_port), *args],
             cwd=ROOT,
             env={**env, "PYTHONUNBUFFERED": "1"},
             stdout=subprocess.PIPE,

@@ -3,7 +3,8 @@
 Before it changes anything it refuses, with the reason, a public address without
 SECRET_KEY and ALLOWED_HOSTS, a data folder another serve holds, and a port in use.
 Then it migrates, creates the demo data and a demo sign-in (printed), and supervises
-the job workers (`manage.py worker`) and the web server (Daphne): one that stops is
+the job workers (`manage.py worker`) and the web server (Daphne, on HTTP and, with the
+certificate from occviz/tls.py, on HTTPS for kubectl): one that stops is
 started again with backoff (occviz/supervisor.py), and so is the embedded PostgreSQL.
 Meanwhile it ends the jobs whose runner stopped (every few seconds) and prunes old
 events (at start, then daily). Ctrl-C, SIGTERM or SIGHUP stop it in order: the jobs
@@ -27,6 +28,7 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, InterfaceError, connections
@@ -38,6 +40,7 @@ from occviz.jobs.reaper import start_reaper
 from occviz.jobs.retention import prune_events
 from occviz.store.models import Counter, Lease, Pod, ResourceQuota
 from occviz.supervisor import AlreadyServing, Child, ServeLock, Supervisor
+from occviz.tls import TlsFiles, daphne_endpoint, fingerprint, tls_files
 
 MANAGE = str(Path(settings.BASE_DIR) / "manage.py")
 DEMO_USER = "demo"
@@ -84,6 +87,11 @@ def port_problem(host: str, port: int) -> str:
     return ""
 
 
+def host_port(host: str, port: int) -> str:
+    """host:port as it goes in a URL (an IPv6 address in brackets)."""
+    return f"[{host.strip('[]')}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def with_database[T](action: Callable[[], T]) -> T:
     """`action()`, again on a new connection if the first attempt met a broken one (PostgreSQL restarted)."""
     try:
@@ -101,12 +109,22 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--host", default="127.0.0.1")
         parser.add_argument("--port", type=int, default=8000)
+        parser.add_argument(
+            "--tls-port",
+            type=int,
+            default=settings.OCCVIZ_TLS_PORT,
+            help=f"also serve HTTPS here, as kubectl needs (default {settings.OCCVIZ_TLS_PORT}; 0: no HTTPS)",
+        )
         parser.add_argument("--workers", type=int, default=settings.OCCVIZ_WORKERS, help="job worker processes")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        host, port, workers = options["host"], options["port"], options["workers"]
+        host, port, tls_port, workers = options["host"], options["port"], options["tls_port"], options["workers"]
         if not 1 <= port <= 65535:
             raise CommandError(f"--port {port} is not a TCP port (1-65535).", returncode=2)
+        if not 0 <= tls_port <= 65535 or tls_port == port:
+            raise CommandError(
+                f"--tls-port {tls_port}: give another TCP port than --port (1-65535), or 0 for no HTTPS.", returncode=2
+            )
         if not 1 <= workers <= 32:
             raise CommandError(f"--workers {workers}: give between 1 and 32 worker processes.", returncode=2)
         problems = public_bind_problems(host)
@@ -116,24 +134,32 @@ class Command(BaseCommand):
                 + "".join(f"  - {problem}\n" for problem in problems),
                 returncode=2,
             )
-        address = f"[{host.strip('[]')}]:{port}" if ":" in host else f"{host}:{port}"
+        address = host_port(host, port)
+        urls = f"http://{address}/" + (f" and https://{host_port(host, tls_port)}/" if tls_port else "")
         lock = ServeLock(settings.DATA_DIR)
         try:
-            lock.acquire(f"http://{address}/ (pid {os.getpid()})")
+            lock.acquire(f"{urls} (pid {os.getpid()})")
         except AlreadyServing as holder:
             raise CommandError(
                 f"Another serve already runs on the data folder {settings.DATA_DIR}: {holder}. "
                 "Stop it first, or give this one another OCCVIZ_DATA_DIR."
             ) from None
         try:
-            problem = port_problem(host, port)
-            if problem:
-                raise CommandError(f"Cannot listen on {address}: {problem}.", returncode=2)
-            self._serve(host, port, address, workers)
+            for listen in [port, tls_port] if tls_port else [port]:
+                problem = port_problem(host, listen)
+                if problem:
+                    raise CommandError(f"Cannot listen on {host_port(host, listen)}: {problem}.", returncode=2)
+            tls = None
+            if tls_port:
+                try:
+                    tls = tls_files()
+                except ImproperlyConfigured as error:
+                    raise CommandError(f"Cannot serve HTTPS: {error}", returncode=2) from None
+            self._serve(host, port, address, workers, tls_port, tls)
         finally:
             lock.release()
 
-    def _serve(self, host: str, port: int, address: str, workers: int) -> None:
+    def _serve(self, host: str, port: int, address: str, workers: int, tls_port: int, tls: TlsFiles | None) -> None:
         call_command("migrate", interactive=False, verbosity=0)
         ensure_demo_data()
         password = reset_demo_user()
@@ -163,9 +189,10 @@ class Command(BaseCommand):
                     env={**os.environ, "OCCVIZ_RUNNER_ID": runner, "PGAPPNAME": runner},
                 )
             )
+        https = ["-e", daphne_endpoint(tls, host, tls_port)] if tls else []
         web = supervisor.add(
             "web server",
-            [sys.executable, "-m", "daphne", "-b", host, "-p", str(port), "occviz.asgi:application"],
+            [sys.executable, "-m", "daphne", "-b", host, "-p", str(port), *https, "occviz.asgi:application"],
             env={**os.environ, "PGAPPNAME": f"{runners}web"},
         )
         supervisor.start()
@@ -176,7 +203,8 @@ class Command(BaseCommand):
             self._say(
                 f"\noccviz is serving http://{address}/  (admin: http://{address}/admin/)\n"
                 f"Sign in as {DEMO_USER!r} with password {password!r}\n"
-                f"{workers} job worker(s) running. Press Ctrl-C to stop.\n"
+                + (self._https_banner(host_port(host, tls_port), tls) if tls else "")
+                + f"{workers} job worker(s) running. Press Ctrl-C to stop.\n"
             )
             postgres = embedded.is_embedded(settings.DATA_DIR)
             next_postgres_check = 0.0
@@ -189,6 +217,15 @@ class Command(BaseCommand):
             stopping.set()
             self._shut_down(runners, supervisor, worker_children, [web], [reaper.stop, lambda: pruner.join(GRACE_S)])
         self._say("occviz stopped.")
+
+    @staticmethod
+    def _https_banner(address: str, tls: TlsFiles) -> str:
+        trust = f"its CA: {tls.authority}" if tls.authority else "a certificate of your own"
+        return (
+            f"HTTPS for kubectl and API clients: https://{address}/  ({trust}; "
+            f"certificate SHA-256 {fingerprint(tls.certificate)})\n"
+            f"  python manage.py kubeconfig {DEMO_USER} > kubeconfig && kubectl --kubeconfig kubeconfig get leases\n"
+        )
 
     def _keep_postgres_up(self) -> None:
         """Start the embedded PostgreSQL again if it stopped under us (its postmaster killed, say)."""
