@@ -1,0 +1,367 @@
+"""The quota race's actors: the API server's quota admission and the quota controller.
+
+Admission, as the API server does it for each pod: read the quota, check `hard - used`,
+write the new `used` with compare-and-swap; on a conflict re-read and retry, 3 times
+(the API server's `checkQuotas` retries); past that the create fails with the conflict
+itself. The pod is stored only after its usage was charged, so a create that fails
+afterwards leaks that usage: nothing gives it back but the quota controller, which
+recalculates `used` from the pods that exist every resync period and repairs it with
+compare-and-swap too, retrying when an admission wrote first.
+
+A recalculation that lands between a charge and its pod's write would release a charge
+still in use, and let one pod too many in. The controller therefore counts the
+creates still under way as well as the pods that exist: the `ChargeLedger` lists the
+charged pods not yet stored or failed, and its snapshot waits for the charges being
+written to land, so the quota's version and the ledger it reads agree.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.db import connection
+
+from occviz.jobs.recorder import EventRecorder
+from occviz.store.cas import compare_and_swap
+from occviz.store.models import Pod, ResourceQuota
+
+RESOURCE = "requests.nvidia.com/gpu"
+QUOTA_NAME = "gpu-quota"
+ADMISSION_RETRIES = 3
+"""The API server's quota admission retries a conflicting status write 3 times, then fails the create."""
+CONTROLLER = 1
+"""The quota controller's actor number; the admission workers follow it."""
+
+# The amounts as numbers, read by PostgreSQL (Django's cursor hands JSON back as text).
+_READ_QUOTA = (
+    "SELECT coalesce((hard ->> %s)::bigint, 0), coalesce((used ->> %s)::bigint, 0), resource_version "
+    "FROM store_resourcequota WHERE id = %s"
+)
+_STORED_PODS = "SELECT name FROM store_pod WHERE job_id = %s"
+
+
+def quantity(amounts: dict[str, Any] | None) -> int:
+    return int((amounts or {}).get(RESOURCE, 0))
+
+
+def pod_name(number: int) -> str:
+    return f"pod-{number}"
+
+
+def exceeded_message(pod: str, request: int, used: int, hard: int) -> str:
+    """The API server's 403 for a pod the quota has no room for (its admission error, word for word)."""
+    return (
+        f'pods "{pod}" is forbidden: exceeded quota: {QUOTA_NAME}, requested: {RESOURCE}={request}, '
+        f"used: {RESOURCE}={used}, limited: {RESOURCE}={hard}"
+    )
+
+
+def conflict_message() -> str:
+    """What the create fails with once the quota's status write conflicted past the retries: the 409 itself."""
+    return (
+        f'Operation cannot be fulfilled on {ResourceQuota.qualified_resource()} "{QUOTA_NAME}": the object has '
+        "been modified; please apply your changes to the latest version and try again"
+    )
+
+
+@dataclass
+class Quota:
+    hard: int
+    used: int
+    version: int
+
+
+def read_quota(quota_id: int) -> Quota:
+    with connection.cursor() as cursor:
+        cursor.execute(_READ_QUOTA, [RESOURCE, RESOURCE, quota_id])
+        hard, used, version = cursor.fetchone()
+    return Quota(int(hard), int(used), int(version))
+
+
+def write_used(quota_id: int, version: int, used: int) -> int | None:
+    """`used` written by compare-and-swap against `version`: the new version, or None on a conflict."""
+    result = compare_and_swap(ResourceQuota, quota_id, version, {"used": {RESOURCE: used}})
+    return None if result is None else int(result[0])
+
+
+class ChargeLedger:
+    """The charged pods whose create is still under way, and the most usage admitted pods ever held.
+
+    Admissions write their charges together (`charging`, shared); the controller's
+    `snapshot` waits for the charges being written to land and holds new ones back while
+    it reads the quota, so every charge in the version it read is either in the ledger,
+    stored, or failed (leaked).
+    """
+
+    def __init__(self, hard: int) -> None:
+        self.hard = hard
+        self._cond = threading.Condition()
+        self._writing = 0
+        self._snapshotting = False
+        self._pending: dict[str, int] = {}
+        self.held = 0
+        """Usage of the admitted pods that exist or are being created: what admission let in."""
+        self.most_held = 0
+        self.stored_units = 0
+
+    @contextmanager
+    def charging(self) -> Iterator[None]:
+        with self._cond:
+            while self._snapshotting:
+                self._cond.wait()
+            self._writing += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._writing -= 1
+                if not self._writing:
+                    self._cond.notify_all()
+
+    @contextmanager
+    def snapshot(self) -> Iterator[dict[str, int]]:
+        """Inside: no charge is being written; yields the pods charged and not yet stored or failed."""
+        with self._cond:
+            self._snapshotting = True
+            try:
+                while self._writing:
+                    self._cond.wait()
+                yield dict(self._pending)
+            finally:
+                self._snapshotting = False
+                self._cond.notify_all()
+
+    def charged(self, pod: str, units: int) -> None:
+        """Called inside `charging`, once the charge committed."""
+        with self._cond:
+            self._pending[pod] = units
+            self.held += units
+            self.most_held = max(self.most_held, self.held)
+
+    def stored(self, pod: str) -> int:
+        """The pod exists now: the usage of the pods that exist, after it."""
+        with self._cond:
+            self.stored_units += self._pending.pop(pod)
+            return self.stored_units
+
+    def failed(self, pod: str) -> None:
+        with self._cond:
+            self.held -= self._pending.pop(pod)
+
+    @property
+    def over_admitted(self) -> int:
+        return max(0, self.most_held - self.hard)
+
+
+Record = Callable[..., None]
+
+
+@dataclass
+class Admission:
+    """What every admission worker shares: the quota, the pods to create, the ledger and the clocks."""
+
+    job_id: int
+    namespace: str
+    quota_id: int
+    pods: int
+    request: int
+    think_ms: float
+    failure_rate: float
+    seed: int
+    recorder: EventRecorder
+    stop: threading.Event
+    ledger: ChargeLedger
+    _next: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _working: int = 0
+    done: threading.Event = field(default_factory=threading.Event)
+    """Set when every pod has been admitted or denied (and stored or failed)."""
+
+    def take(self) -> int | None:
+        """The next pod to create (1..pods), or None when all have been taken."""
+        with self._lock:
+            if self._next >= self.pods or self.stop.is_set():
+                return None
+            self._next += 1
+            return self._next
+
+    def worker(self, actor: int) -> Callable[[Callable[[], object]], None]:
+        def act(ready: Callable[[], object]) -> None:
+            with self._lock:
+                self._working += 1
+            try:
+                connection.ensure_connection()  # connected before the barrier: connecting is not the race
+                ready()
+                while (number := self.take()) is not None:
+                    self.admit(actor, number)
+            finally:
+                with self._lock:
+                    self._working -= 1
+                    if not self._working:
+                        self.done.set()
+
+        return act
+
+    def admit(self, actor: int, number: int) -> None:
+        """One pod's create: admission with its retries, then the pod's write (or its failure)."""
+        record = self.recorder.record
+        pod = pod_name(number)
+        started = time.perf_counter()
+        attempts = ADMISSION_RETRIES + 1
+        for attempt in range(1, attempts + 1):
+            quota = read_quota(self.quota_id)
+            record(actor, number, attempt, "read", version_read=quota.version, value_read=quota.used)
+            if self.think_ms:
+                # The admission's evaluation between its read and its write: the window a rival writes in.
+                time.sleep(self.think_ms / 1000.0)
+            if quota.used + self.request > quota.hard:
+                message = exceeded_message(pod, self.request, quota.used, quota.hard)
+                record(
+                    actor,
+                    number,
+                    attempt,
+                    "denied",
+                    version_read=quota.version,
+                    value_read=quota.used,
+                    detail={"message": message, "hard": quota.hard},
+                )
+                return
+            new_used = quota.used + self.request
+            with self.ledger.charging():
+                version = write_used(self.quota_id, quota.version, new_used)
+                if version is not None:
+                    self.ledger.charged(pod, self.request)
+            if version is not None:
+                latency_ms = (time.perf_counter() - started) * 1000.0
+                record(
+                    actor,
+                    number,
+                    attempt,
+                    "admitted",
+                    version_read=quota.version,
+                    version_written=version,
+                    value_read=quota.used,
+                    value_written=new_used,
+                    latency_ms=latency_ms,
+                    detail={"hard": quota.hard},
+                )
+                self.create(actor, number, attempt, pod)
+                return
+            record(actor, number, attempt, "conflict", version_read=quota.version, value_read=quota.used)
+            if attempt < attempts:
+                record(actor, number, attempt, "retry", detail={"retries": ADMISSION_RETRIES})
+        record(actor, number, attempts, "retries_exhausted", detail={"message": conflict_message()})
+
+    def create(self, actor: int, number: int, attempt: int, pod: str) -> None:
+        """The pod's write, after its usage was charged: it may fail, and then the charge leaks."""
+        # Decided per pod from the seed, so a seeded job fails the same pods whichever worker takes them.
+        if random.Random(self.seed * 1_000 + number).random() < self.failure_rate:
+            self.ledger.failed(pod)
+            record_failure = {"units": self.request, "rate": self.failure_rate}
+            self.recorder.record(
+                actor, number, attempt, "create_failed", value_written=self.request, detail=record_failure
+            )
+            return
+        Pod.objects.create(
+            namespace=self.namespace,
+            name=pod,
+            requests={RESOURCE: self.request},
+            phase=Pod.Phase.PENDING,
+            job_id=self.job_id,
+        )
+        actual = self.ledger.stored(pod)
+        self.recorder.record(actor, number, attempt, "stored", value_written=actual)
+
+
+@dataclass
+class QuotaController:
+    """kube-controller-manager's resource quota controller: a full recalculation every resync period."""
+
+    admission: Admission
+    resync_s: float
+    until_repaired: bool
+    """End once every pod is decided and `used` matches what exists (no fixed duration)."""
+    resyncs: int = 0
+
+    def run(self, ready: Callable[[], object]) -> None:
+        connection.ensure_connection()
+        ready()
+        started = time.perf_counter()
+        stop = self.admission.stop
+        next_at = self.resync_s
+        while not stop.is_set():
+            if self.until_repaired and self.admission.done.is_set() and self._settled():
+                return
+            wait_s = next_at - (time.perf_counter() - started)
+            if wait_s > 0:
+                # Short waits: the end of the admissions is noticed at once.
+                stop.wait(min(wait_s, 0.05))
+                continue
+            self.resync()
+            next_at += self.resync_s
+
+    def _settled(self) -> bool:
+        """`used` is what the pods that exist request (called once no admission is under way)."""
+        return read_quota(self.admission.quota_id).used == self.admission.request * len(self._existing())
+
+    def _existing(self) -> set[str]:
+        with connection.cursor() as cursor:
+            cursor.execute(_STORED_PODS, [self.admission.job_id])
+            return {name for (name,) in cursor.fetchall()}
+
+    def resync(self) -> None:
+        """Recalculate `used` from the pods that exist (and those being created); repair it if it differs."""
+        self.resyncs += 1
+        admission = self.admission
+        record = admission.recorder.record
+        attempt = 0
+        while not admission.stop.is_set():
+            attempt += 1
+            admitting = not admission.done.is_set()
+            with admission.ledger.snapshot() as pending:
+                quota = read_quota(admission.quota_id)
+            existing = self._existing()
+            counted = existing | set(pending)
+            used = admission.request * len(counted)
+            detail = {
+                "pods": len(existing),
+                "in_flight": len(set(pending) - existing),
+                "exists": admission.request * len(existing),
+                "admitting": admitting,
+            }
+            if used == quota.used:
+                record(
+                    CONTROLLER,
+                    self.resyncs,
+                    attempt,
+                    "resync_in_sync",
+                    version_read=quota.version,
+                    value_read=quota.used,
+                    value_written=used,
+                    detail=detail,
+                )
+                return
+            version = write_used(admission.quota_id, quota.version, used)
+            if version is not None:
+                detail["released"] = quota.used - used
+                record(
+                    CONTROLLER,
+                    self.resyncs,
+                    attempt,
+                    "resync",
+                    version_read=quota.version,
+                    version_written=version,
+                    value_read=quota.used,
+                    value_written=used,
+                    detail=detail,
+                )
+                return
+            record(
+                CONTROLLER, self.resyncs, attempt, "resync_conflict", version_read=quota.version, value_read=quota.used
+            )
