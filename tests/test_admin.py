@@ -18,7 +18,8 @@ from occviz.jobs.runner import run_job
 from occviz.jobs.tasks import create_job
 from occviz.store import writes
 from occviz.store.admin import Loaded
-from occviz.store.cas import ANY
+from occviz.store.cas import ANY, Add, compare_and_swap
+from occviz.store.merge import MINE, STORED, merged_changes, three_way
 from occviz.store.models import Change, Counter, Lease, Pod, ResourceQuota
 from occviz.store.writes import Writer
 
@@ -67,6 +68,21 @@ def said(response: Any) -> list[str]:
     return [str(message) for message in get_messages(response.wsgi_request)]
 
 
+def test_three_way_merge_takes_my_fields_keeps_theirs_and_asks_where_both_changed() -> None:
+    base = {"holder": "a", "duration": 15, "transitions": 0, "note": "x"}
+    stored = {"holder": "b", "duration": 15, "transitions": 1, "note": "y"}
+    mine = {"holder": "me", "duration": 30, "note": "y"}  # note: both changed it, to the same value
+    fields = {field.name: field for field in three_way(base, mine, stored)}
+    assert fields["holder"].clash and not fields["holder"].goes_through
+    assert fields["duration"].goes_through and not fields["duration"].clash
+    assert not fields["transitions"].mine_changed and fields["transitions"].stored_changed
+    assert not fields["note"].clash and not fields["note"].goes_through
+    merged = list(fields.values())
+    assert merged_changes(merged, {"holder": MINE}) == {"holder": "me", "duration": 30}
+    assert merged_changes(merged, {"holder": STORED}) == {"duration": 30}
+    assert merged_changes(merged, {}) == {"duration": 30}
+
+
 def test_a_change_form_saved_on_the_version_read_is_written_and_logged(editor: Client) -> None:
     counter = Counter.objects.create(name="c", value=5)
     data = change_form(editor, counter) | {"value": "7"}
@@ -98,6 +114,17 @@ def test_a_stale_change_form_gets_the_conflict_page_and_nothing_is_written(edito
     assert (counter.value, counter.resource_version) == (9, 2)
     refused = Change.objects.get(type="CONFLICT")
     assert (refused.writer, refused.expected_version, refused.object["value"]) == ("editor", 1, 7)
+
+
+def test_the_conflict_page_names_the_job_that_wrote_since(editor: Client) -> None:
+    job = Job.objects.create(scenario="counter", params={})
+    counter = Counter.objects.create(name="row-1", namespace=f"job-{job.pk}", value=0, job=job)
+    data = change_form(editor, counter) | {"value": "7"}
+    for version in (1, 2):  # the job's own writes: its events, not Changes
+        compare_and_swap(Counter, counter.pk, version, {"value": Add(1)})
+    response = post_change(editor, counter, data)
+    assert response.status_code == 409
+    assert f"job {job.pk} (2 versions)" in response.content.decode()
 
 
 def test_a_missing_or_altered_version_is_refused(editor: Client) -> None:
@@ -337,6 +364,7 @@ def test_jobs_events_history_and_tokens_pages(editor: Client) -> None:
     row, _ = ApiToken.issue(User.objects.get(username="editor"), "laptop")
     for url in [
         "/admin/jobs/job/",
+        "/admin/jobs/job/?q=counter&invariant_ok__exact=1",
         f"/admin/jobs/job/{job.pk}/change/",
         "/admin/jobs/event/",
         f"/admin/jobs/event/?job={job.pk}",

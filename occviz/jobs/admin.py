@@ -16,8 +16,9 @@ from occviz.jobs.models import Event, EventBatch, Job
 
 @admin.register(Job)
 class JobAdmin(admin.ModelAdmin):
-    list_display = ["id", "scenario", "strategy", "status", "invariant_ok", "created_at", "last_seq"]
-    list_filter = ["scenario", "strategy", "status"]
+    list_display = ["id", "scenario", "strategy", "status", "invariant_ok", "created_by", "created_at", "last_seq"]
+    list_filter = ["scenario", "strategy", "status", "invariant_ok"]
+    search_fields = ["=id", "scenario", "strategy", "created_by__username"]
     readonly_fields = [field.name for field in Job._meta.fields]
 
 

@@ -238,7 +238,9 @@ class VersionedAdmin(admin.ModelAdmin):
 
     def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
         fields = list(super().get_fields(request, obj))
-        return fields if obj is not None else [name for name in fields if name != LOADED]
+        if obj is not None and self.has_change_permission(request, obj):
+            return fields
+        return [name for name in fields if name != LOADED]  # nothing to write back: nothing to carry
 
     def get_changelist_form(self, request: HttpRequest, **kwargs: Any) -> Any:
         form = type("VersionedRowForm", (VersionedForm,), {"rows": RowVersions.of(request, self.model)})
