@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -84,9 +85,11 @@ def test_an_admin_edit_goes_through_compare_and_swap() -> None:
     client = Client()
     client.login(username="admin", password="pw-for-admin")
     counter = Counter.objects.create(name="c", value=1)
-    response = client.post(
-        f"/admin/store/counter/{counter.pk}/change/", {"namespace": "default", "name": "c", "value": "42"}
-    )
+    url = f"/admin/store/counter/{counter.pk}/change/"
+    # The form carries the version it loaded (without it the admin refuses to write: tests/test_admin.py).
+    loaded = re.search(r'name="loaded" value="([^"]*)"', client.get(url).content.decode())
+    assert loaded is not None
+    response = client.post(url, {"namespace": "default", "name": "c", "value": "42", "loaded": loaded.group(1)})
     assert response.status_code == 302
     counter.refresh_from_db()
     assert (counter.value, counter.resource_version) == (42, 2)
