@@ -172,3 +172,103 @@ def _fields(event: Any) -> dict[str, Any]:
         "value_written": event.value_written,
         "detail": event.detail,
     }
+
+
+class OutsideElector(threading.Thread):
+    """A client of its own in the election, as the official client's LeaseLock writes: read, then replace
+    with the version read; acquire once the holder's lease expired by its own observation; renew
+    for `hold_s`, then stop renewing (no release, like a killed client)."""
+
+    def __init__(self, job_id: int, me: str, *, hold_s: float, poll_s: float = 0.05) -> None:
+        super().__init__(name="outside-elector")
+        self.job_id, self.me, self.hold_s, self.poll_s = job_id, me, hold_s, poll_s
+        self.acquired_at: float | None = None
+        self.joined = False
+        self.conflicts = 0
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        from django.db import connection
+        from django.utils import timezone
+
+        from occviz.store.models import Lease
+
+        try:
+            deadline = time.monotonic() + 30
+            seen: tuple[int, float] | None = None  # (version, when this client saw it change)
+            while time.monotonic() < deadline:
+                lease = Lease.objects.filter(job_id=self.job_id).first()
+                # It joins once a replica leads, so that it has to wait that leader's lease out.
+                if lease is not None and lease.holder_identity and not self.joined:
+                    self.joined = True
+                if self.joined and Job.objects.filter(pk=self.job_id, status=Job.Status.RUNNING).exists():
+                    assert lease is not None
+                    if seen is None or seen[0] != lease.resource_version:
+                        seen = (lease.resource_version, time.monotonic())
+                    now = timezone.now()
+                    changes: dict[str, Any] | None = None
+                    if lease.holder_identity == self.me:
+                        if time.monotonic() - (self.acquired_at or 0) > self.hold_s:
+                            return  # stops renewing: the replicas take over once its lease expires
+                        changes = {"renew_time": now}
+                    elif not lease.holder_identity or time.monotonic() - seen[1] > lease.lease_duration_seconds:
+                        changes = {
+                            "holder_identity": self.me,
+                            "lease_duration_seconds": 1,
+                            "acquire_time": now,
+                            "renew_time": now,
+                            "lease_transitions": lease.lease_transitions + 1,
+                        }
+                    if changes is not None:
+                        try:
+                            writes.update(lease, changes, ALICE, expected_version=lease.resource_version)
+                        except VersionConflict:
+                            self.conflicts += 1
+                        else:
+                            if "holder_identity" in changes:
+                                self.acquired_at = time.monotonic()
+                time.sleep(self.poll_s if self.acquired_at is None else 0.2)
+        except BaseException as error:  # reported by the test
+            self.error = error
+        finally:
+            connection.close()
+
+
+def test_an_outside_client_wins_renews_and_loses_the_jobs_lease_as_a_replica(alice: Any) -> None:
+    params = {
+        "replicas": 2,
+        "lease_duration": 1,
+        "renew_deadline": 0.7,
+        "retry_period": 0.2,
+        "seconds": 7,
+        "kill_leader_at": 1,
+    }
+    job = create_job("leader-election", params, alice)
+    client = OutsideElector(job.pk, "alice-laptop", hold_s=1.5)
+    client.start()
+    job = run_job(job.pk)
+    client.join(timeout=30)
+    assert client.error is None, client.error
+    assert client.acquired_at is not None, "the outside client never acquired the lease"
+
+    summary = job.summary
+    assert summary["invariant_ok"], summary["invariant"]
+    assert summary["max_leaders_at_once"] == 1
+    every = events(job)
+    lane = [e for e in every if e.detail.get("lane") == "alice-laptop"]
+    kinds = [e.kind for e in lane]
+    assert "acquired" in kinds and kinds.count("renewed") >= 3, kinds
+    assert len({e.actor for e in lane}) == 1 and lane[0].actor > params["replicas"]
+    acquired = next(e for e in lane if e.kind == "acquired")
+    assert acquired.value_written == acquired.value_read + 1
+    # After it stopped renewing, a replica took the lease from it.
+    last = max(e.seq for e in lane if e.kind in ("acquired", "renewed"))
+    taken = [e for e in every if e.seq > last and e.kind == "acquired" and e.actor <= params["replicas"]]
+    assert taken and taken[0].detail["holder"] == "alice-laptop"
+    leaders = [(entry["identity"], entry["ended"]) for entry in summary["leaders"]]
+    assert ("alice-laptop", "taken over") in leaders
+    said = SCENARIOS["leader-election"].describe({"actor": acquired.actor, "kind": "acquired", **_fields(acquired)})
+    assert said == (
+        f"alice-laptop (alice (token laptop) via the API) acquired the lease from {acquired.detail['holder']} "
+        f"(transition {acquired.value_written})."
+    )

@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
+from django.utils import timezone
+
 from occviz.store.models import Change
 
 if TYPE_CHECKING:
@@ -93,7 +95,7 @@ def outside_write(context: JobContext, payload: Payload, lane: str | None = None
     return OutsideWrite(context.outside_lane(name), detail, payload)
 
 
-def written_at(payload: Payload) -> str | None:
-    """When the write was stored, by the server's clock, as ISO text (None if its Change is gone)."""
+def written_at(payload: Payload) -> str:
+    """When the write was stored, by the server's clock (its Change's time), as ISO text."""
     at = Change.objects.filter(pk=int(payload.get("change") or 0)).values_list("at", flat=True).first()
-    return None if at is None else at.isoformat()
+    return (at or timezone.now()).isoformat()  # a Change pruned already: it was stored just now

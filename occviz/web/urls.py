@@ -20,4 +20,6 @@ urlpatterns = [
     path("jobs/<int:job_id>/summary.json", views.job_summary, name="job_summary"),
     path("jobs/<int:job_id>/export.<str:fmt>", views.job_export, name="job_export"),
     path("jobs/<int:job_id>/replay/", views.job_replay, name="job_replay"),
+    path("watch/<slug:resource>/<slug:namespace>/<str:name>/", views.watch_page, name="watch"),
+    path("watch/<slug:resource>/<slug:namespace>/<str:name>/history.json", views.watch_history, name="watch_history"),
 ]

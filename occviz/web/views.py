@@ -33,7 +33,7 @@ from occviz.live import fragments
 from occviz.live.jobstate import job_state
 from occviz.scenarios import SCENARIOS
 from occviz.scenarios.base import Scenario
-from occviz.web import events
+from occviz.web import events, watch
 
 RECENT_JOBS = 15
 MAX_COMPARE = 6
@@ -167,7 +167,20 @@ def _job_context(request: HttpRequest, job: Job, control_note: str = "") -> dict
         "may_control": _may_control(request, job),
         "params": sorted(job.params.items()),
         "summary": job.summary or {},
+        **_watched_objects(job),
     }
+
+
+_WATCHED_LINKS = 8
+
+
+def _watched_objects(job: Job) -> dict[str, Any]:
+    """The job's objects, for links to their watch pages (the first few)."""
+    found: list[tuple[str, str, str]] = []
+    for resource, model in watch.RESOURCES.items():
+        rows = model._default_manager.filter(job=job).order_by("pk").values_list("namespace", "name")
+        found += [(resource, namespace, name) for namespace, name in rows[: _WATCHED_LINKS + 1]]
+    return {"watched": found[:_WATCHED_LINKS], "watched_more": len(found) > _WATCHED_LINKS}
 
 
 @require_safe
@@ -400,3 +413,41 @@ def _compare_rows(jobs: list[Job]) -> list[tuple[str, list[Any]]]:
         for key, label in spec.compared if spec else ():
             compared.setdefault(key, label)
     return [(label, [_summary_value(job, key) for job in jobs]) for key, label in compared.items()]
+
+
+def _watched(resource: str) -> str:
+    if resource not in watch.RESOURCES:
+        raise Http404(f"No resource {resource!r}: one of {', '.join(watch.RESOURCES)}.")
+    return resource
+
+
+@require_safe
+@login_required
+def watch_page(request: HttpRequest, resource: str, namespace: str, name: str) -> HttpResponse:
+    """One object's history as it happens: every version, who wrote it, the conflicts (kubectl get -w)."""
+    seen = watch.history(_watched(resource), namespace, name)
+    model = watch.RESOURCES[resource]
+    context = {
+        "resource": resource,
+        "namespace": namespace,
+        "name": name,
+        "api_path": (f"/apis/{model.api_group}/{model.api_version}" if model.api_group else f"/api/{model.api_version}")
+        + f"/namespaces/{namespace}/{resource}/{name}",
+        "seen": seen,
+        "newest": watch.NEWEST,
+    }
+    return render(request, "web/watch.html", context)
+
+
+@require_safe
+@_json_login_required
+def watch_history(request: HttpRequest, resource: str, namespace: str, name: str) -> HttpResponse:
+    """What happened to the object since the cursors `after_change` and `after_seq` (the page polls it)."""
+    try:
+        after_change = _int_param(request, "after_change", 0, 0, 2**62)
+        after_seq = _int_param(request, "after_seq", 0, 0, 2**62)
+    except ValueError as refused:
+        return JsonResponse({"error": str(refused)}, status=400)
+    return JsonResponse(
+        watch.history(_watched(resource), namespace, name, after_change=after_change, after_seq=after_seq)
+    )

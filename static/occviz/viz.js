@@ -50,6 +50,8 @@
       this.figures = this.data.figures;
       this.rates = this.data.rates;
       this.actors = this.data.actors || [];
+      // Lanes of writers from outside the job (the admin, the API): named by their events' detail.lane.
+      this.laneNames = {};
     }
 
     static fromPage(id = "scenario-vocabulary") {
@@ -66,7 +68,7 @@
     }
 
     actorName(n) {
-      return this.actors[n - 1] || this.data.actor_label.replace("{n}", String(n));
+      return this.laneNames[n] || this.actors[n - 1] || this.data.actor_label.replace("{n}", String(n));
     }
 
     value(e, path, who) {
@@ -155,6 +157,7 @@
       this.counts[e.kind] = (this.counts[e.kind] || 0) + 1;
       if (e.t_ms > this.maxT) this.maxT = e.t_ms;
       if (e.actor > this.maxActor) this.maxActor = e.actor;
+      if (e.detail && e.detail.lane) this.vocabulary.laneNames[e.actor] = e.detail.lane;
       for (const figure of this.vocabulary.figures) {
         if (figure.total_ms.includes(e.kind) && e.duration_ms) {
           this.totalMs[figure.key] = (this.totalMs[figure.key] || 0) + e.duration_ms;

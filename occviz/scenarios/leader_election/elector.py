@@ -661,6 +661,7 @@ class LeaderElection:
         self._errors: list[BaseException] = []
         self._proxy_process: ProxyProcess | None = None
         self._electors = {number: self._elector(number) for number in range(1, replicas + 1)}
+        self._reserved: set[int] = set()  # lanes of the election that are no replica (outside writers)
         self._initial = list(self._electors.values())
 
     def _elector(self, number: int) -> LeaderElector:
@@ -890,13 +891,20 @@ class LeaderElection:
         with self._lock:
             if not self._started.is_set() or self._end.is_set():
                 raise ValueError("The election is not running.")
-            number = max(self._electors) + 1
+            number = max(self._electors.keys() | self._reserved) + 1
             elector = self._electors[number] = self._elector(number)
             thread = threading.Thread(target=self._run_added, args=(elector,), name=f"replica-{number}")
             self._added.append(thread)
         self.record(number, 0, 0, "added")
         thread.start()
         return number
+
+    def reserve_number(self) -> int:
+        """A number no replica has or will have: the lane of an outside writer to the Lease."""
+        with self._lock:
+            number = max(self._electors.keys() | self._reserved) + 1
+            self._reserved.add(number)
+            return number
 
     def _run_added(self, elector: LeaderElector) -> None:
         try:

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from django import forms
+from django.db import transaction
 
 from occviz.scenarios.base import (
     ERROR,
@@ -38,6 +39,7 @@ from occviz.scenarios.leader_election.elector import (
     identity,
 )
 from occviz.scenarios.leader_election.summary import SENTENCES, describe_failover, read_events, summarize
+from occviz.scenarios.outside import outside_write, written_at
 from occviz.store.models import Lease
 
 if TYPE_CHECKING:
@@ -214,6 +216,11 @@ def run(context: JobContext) -> dict[str, Any]:
             raise
 
     context.on_control(control)
+    replicas = {identity(n) for n in range(1, params["replicas"] + ADDED_REPLICAS + 1)}
+    context.on_outside_write(
+        lambda payload: record_outside_write(context, lease.pk, replicas, payload),
+        next_actor=election.reserve_number,
+    )
     with _running_lock:
         _running[job.pk] = election
     try:
@@ -221,12 +228,57 @@ def run(context: JobContext) -> dict[str, Any]:
     finally:
         with _running_lock:
             _running.pop(job.pk, None)
+    with transaction.atomic():
+        # The Lease locked while the last outside writes are recorded: the transitions it
+        # counts and the events' then agree.
+        Lease.objects.select_for_update().filter(pk=lease.pk).exists()
+        context.settle_outside_writes()
     context.recorder.flush()
     summary = summarize(read_events(job.pk), Lease.objects.get(pk=lease.pk), config, replicas=len(election.replicas))
     summary["failovers_in_words"] = [describe_failover(failover) for failover in summary["failovers"]]
     summary["duration_s"] = round(context.elapsed_s, 4)
     summary["seed"] = seed
     return summary
+
+
+def record_outside_write(context: JobContext, lease_id: int, replicas: set[str], payload: Mapping[str, Any]) -> None:
+    """A write to the job's Lease from outside (a student's client through the API), as a replica's would read.
+
+    Its lane is named by the holderIdentity it wrote (its client's identity), or by the
+    writer for a release or a name a replica has. Taking the lease from another holder is
+    `acquired` (transition N), writing it again as its holder `renewed`, emptying it
+    `released`, a stale resourceVersion `conflict`: the kinds the replicas record, so the
+    leadership bands, the failover figures and the invariant count it as one of them.
+    """
+    if payload.get("resource") != "leases" or payload.get("object_id") != lease_id:
+        return
+    before, after = payload.get("before") or {}, payload.get("after") or {}
+    holder, held_by = after.get("holder_identity") or "", before.get("holder_identity") or ""
+    lane = holder or (held_by if held_by in context.outside_lanes else None)
+    if lane in replicas:
+        lane = None  # an outside writer that calls itself replica-2 is not replica-2
+    write = outside_write(context, payload, lane)
+    detail = dict(write.detail)
+    lease_s = after.get("lease_duration_seconds")
+    fields: dict[str, Any] = {"version_read": write.version_read, "value_read": before.get("lease_transitions")}
+    if write.type == "CONFLICT":
+        detail.update(phase="renew" if holder and holder == held_by else "acquire")
+        fields["value_written"] = after.get("lease_transitions")
+        context.recorder.record(write.actor, 0, 1, "conflict", lease_id, detail=detail, **fields)
+        return
+    if write.type != "MODIFIED":
+        return  # a deleted Lease ends the election's objects, not a lane's leadership
+    detail.update(db_time=written_at(payload), lease_s=lease_s)
+    fields.update(version_written=write.version_written, value_written=after.get("lease_transitions"))
+    if not holder:
+        kind = "released"
+    elif holder == held_by:
+        kind = "renewed"
+    else:
+        kind = "acquired"
+        if held_by:
+            detail["holder"] = held_by
+    context.recorder.record(write.actor, 0, 1, kind, lease_id, detail=detail, **fields)
 
 
 def _lease_manifest(lease: Lease) -> dict[str, Any]:
@@ -304,6 +356,18 @@ _LEASE_409 = (
 )
 
 
+# An outside writer's events say who wrote, and how (only they carry detail.via_words).
+_BY = "{who} ({detail.writer} via {detail.via_words})"
+_OUTSIDE = {
+    "acquired": (
+        f"{_BY} acquired the lease from {{detail.holder}} (transition {{value_written}}).",
+        f"{_BY} acquired the lease (transition {{value_written}}).",
+    ),
+    "renewed": (f"{_BY} renewed the lease.",),
+    "released": (f"{_BY} released the lease.",),
+    "conflict": (f"{_BY}: conflict, had v{{version_read}}, stored v{{detail.stored_version}}.",),
+}
+
 # Said first when the acquisition follows a leader taken down (FailoverNarrator).
 _FAILOVER = "{who} acquired the lease (transition {value_written}), {detail.after_s} s after {detail.after}."
 
@@ -341,13 +405,13 @@ class LeaderElectionScenario(Scenario):
     script = "occviz/scenarios/leader_election.js"
     list_params = ("skew",)
     kinds = (
-        _kind("acquired", "acquired the lease", "#1a9e4b", "star", first=(_FAILOVER,)),
-        _kind("renewed", "renewed", "#7cc89a", "tick"),
+        _kind("acquired", "acquired the lease", "#1a9e4b", "star", first=(_FAILOVER, *_OUTSIDE["acquired"])),
+        _kind("renewed", "renewed", "#7cc89a", "tick", first=_OUTSIDE["renewed"]),
         _kind("backed_off", "backed off", "#b8c0cc", "tick"),
-        _kind("conflict", "conflict on the lease", "#d62828", "cross", explain=_LEASE_409),
+        _kind("conflict", "conflict on the lease", "#d62828", "cross", first=_OUTSIDE["conflict"], explain=_LEASE_409),
         _kind("renew_failed", "renew failed", "#f08c00", "triangle"),
         _kind("lost", "stepped down", "#7a1010", "square"),
-        _kind("released", "released", "#1c64d6", "square"),
+        _kind("released", "released", "#1c64d6", "square", first=_OUTSIDE["released"]),
         _kind("guarded_write", "guarded write", "#0f766e", "dot"),
         _kind("fenced", "fenced (stale write rejected)", "#d62828", "dot"),
         _kind("db_error", "database error", "#9b1c1c", "diamond"),

@@ -69,7 +69,8 @@ def _s(event: Event) -> float:
 
 
 def _name(event: Event) -> str:
-    return identity(int(event["actor"]))
+    """The replica's identity, or an outside writer's lane (its detail names it)."""
+    return detail(event).get("lane") or identity(int(event["actor"]))
 
 
 def failover_bound_s(cause: str, config: LeaderElectionConfig, *, released: bool = False) -> float:
@@ -91,6 +92,12 @@ def leaderships(events: Sequence[Event], end_s: float) -> list[dict[str, Any]]:
     open_: dict[int, dict[str, Any]] = {}
     for event in events:
         actor, kind = int(event["actor"]), event["kind"]
+        if kind == "acquired":
+            # An outside writer's leadership ends when another takes the lease: its stop is not seen.
+            for other, leadership in list(open_.items()):
+                if other != actor and leadership["outside"]:
+                    leadership.update(to_s=round(_s(event), 3), ended="taken over")
+                    del open_[other]
         if kind == "acquired" and actor not in open_:
             open_[actor] = {
                 "identity": _name(event),
@@ -98,6 +105,7 @@ def leaderships(events: Sequence[Event], end_s: float) -> list[dict[str, Any]]:
                 "to_s": None,
                 "transition": event["value_written"],
                 "ended": None,
+                "outside": bool(detail(event).get("lane")),
             }
             result.append(open_[actor])
         elif kind in _ENDS_LEADERSHIP and actor in open_:
@@ -121,14 +129,16 @@ def valid_intervals(
     last renewal (or until it released, if sooner): a follower only takes over once it
     has seen that last renewal and waited LeaseDuration by its own clock.
     """
-    lease = timedelta(seconds=config.lease_duration)
     intervals: dict[int, list[tuple[datetime, datetime]]] = {}
     current: dict[int, tuple[datetime, datetime]] = {}  # actor -> (valid since, last write)
+    leases: dict[int, timedelta] = {}
     for event in events:
         kind = event["kind"]
         if kind not in ("acquired", "renewed", "released"):
             continue
         actor, at = int(event["actor"]), _db_time(event)
+        # An outside client's lease lasts what it wrote (its own LeaseDuration), a replica's the job's.
+        lease = leases[actor] = timedelta(seconds=detail(event).get("lease_s") or config.lease_duration)
         held = current.get(actor)
         if kind == "released":
             if held is not None:
@@ -141,7 +151,7 @@ def valid_intervals(
                 intervals.setdefault(actor, []).append((held[0], held[1] + lease))
             current[actor] = (at, at)
     for actor, (since, last) in current.items():
-        intervals.setdefault(actor, []).append((since, last + lease))
+        intervals.setdefault(actor, []).append((since, last + leases[actor]))
     return intervals
 
 
@@ -153,6 +163,7 @@ def max_valid_leaders(events: Sequence[Event], config: LeaderElectionConfig) -> 
             edges.append((since, 1, actor))
             edges.append((until, -1, actor))
     edges.sort(key=lambda edge: (edge[0], edge[1]))
+    names = {int(e["actor"]): _name(e) for e in events}
     valid: dict[int, int] = {}
     most, who = 0, ""
     for at, step, actor in edges:
@@ -161,7 +172,7 @@ def max_valid_leaders(events: Sequence[Event], config: LeaderElectionConfig) -> 
         now = sum(1 for count in valid.values() if count > 0)
         if now > most:
             most = now
-            holders = ", ".join(identity(a) for a, count in sorted(valid.items()) if count > 0)
+            holders = ", ".join(names.get(a) or identity(a) for a, count in sorted(valid.items()) if count > 0)
             who = f"{holders} at {at.isoformat()}"
     return most, who
 

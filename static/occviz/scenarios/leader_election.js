@@ -14,6 +14,13 @@
     },
 
     add(model, e) {
+      if (STARTS.has(e.kind)) {
+        // An outside client's leadership ends when another takes the lease: its stop is not seen.
+        for (const [actor, others] of model.bands) {
+          const last = others[others.length - 1];
+          if (actor !== e.actor && model.vocabulary.laneNames[actor] && last && last.end == null) last.end = e.t_ms;
+        }
+      }
       const bands = model.bands.get(e.actor) || [];
       const open = bands.length && bands[bands.length - 1].end == null ? bands[bands.length - 1] : null;
       if (STARTS.has(e.kind) && !open) bands.push({ start: e.t_ms, end: null });
