@@ -5,6 +5,7 @@ from django.urls import include, path
 
 urlpatterns = [
     path("admin/", admin.site.urls),
-    path("", include("occviz.api.urls")),
+    # The dashboard first: the API's router also answers "" (its root), which must not hide the home page.
     path("", include("occviz.web.urls")),
+    path("", include("occviz.api.urls")),
 ]
