@@ -560,8 +560,8 @@ class ChangeAdmin(ReadOnlyAdmin):
 class ApiTokenAdmin(ReadOnlyAdmin):
     """Tokens are made by their user (dashboard or `manage.py apitoken`); here they are listed and revoked."""
 
-    list_display = ["name", "user", "prefix", "created_at", "last_used_at"]
-    list_filter = ["user"]
+    list_display = ["name", "user", "prefix", "read_only", "created_at", "last_used_at"]
+    list_filter = ["read_only", "user"]
     search_fields = ["name", "prefix", "user__username"]
 
 
