@@ -104,6 +104,7 @@ def test_a_stale_change_form_gets_the_conflict_page_and_nothing_is_written(edito
     page = response.content.decode()
     assert 'Operation cannot be fulfilled on counters.occviz.dev "c"' in html.unescape(page)
     assert "api bob (token laptop)" in page  # who changed it since
+    assert 'href="/watch/counters/default/c/"' in page
     row = re.search(r'<tr data-field="value".*?</tr>', page, re.S)
     assert row is not None
     cells = re.findall(r'<td class="(saw|entered changed|stored changed)">([^<]*)</td>', row.group(0))
