@@ -354,7 +354,10 @@ class QuotaRace(Scenario):
         EventKind(
             "create_failed",
             "create failed (leak)",
-            ("{who}: pod-{op}'s create failed after its quota was charged: {value_written} leaks until a resync",),
+            (
+                "{who}: pod-{op}'s create failed after its quota was charged: "
+                "its {value_written} stays charged until a resync",
+            ),
             "#f08c00",
             "diamond",
         ),
@@ -438,7 +441,7 @@ class QuotaRace(Scenario):
         Preset(
             "leak-and-repair",
             "Leak and repair",
-            "A fifth of the creates fail after their charge: used stays above what exists until the 3 s resync.",
+            "A fifth of the creates fail after their charge: used stays above what exists until the resync at 2 s.",
             {
                 "pods": 60,
                 "hard": 40,
@@ -446,7 +449,7 @@ class QuotaRace(Scenario):
                 "workers": 4,
                 "think_ms": 20,
                 "create_failure_rate": 0.2,
-                "resync_seconds": 3,
+                "resync_seconds": 2,
                 "seconds": 5,
             },
         ),
