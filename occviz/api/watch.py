@@ -76,6 +76,8 @@ def _line(event: str, obj: dict[str, Any]) -> str:
 
 async def _lines(kind: Kind, objects: Any, since: int | None, single: bool, timeout: float) -> AsyncIterator[str]:
     deadline = time.monotonic() + timeout
+    # Nothing yet, but Daphne (Twisted) sends the headers with the first write: a client waits for them.
+    yield ""
     sent: dict[int, int] = {}
     last: dict[int, dict[str, Any]] = {}
     versions = await sync_to_async(_versions)(objects)
