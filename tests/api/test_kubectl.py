@@ -1,8 +1,14 @@
-"""`manage.py kubeconfig`: the kubeconfig kubectl is given, pointing at serve's HTTPS port with its CA and a token."""
+"""The real kubectl against a running serve, with the kubeconfig `manage.py kubeconfig` prints and no other flag:
+get, get -o yaml, create, get -w, replace (a stale resourceVersion prints the API server's conflict message), delete."""
 
 from __future__ import annotations
 
 import base64
+import os
+import queue
+import subprocess
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -11,13 +17,159 @@ from django.contrib.auth.models import User
 
 from occviz import tls
 from occviz.api.models import ApiToken
+from tests.api import tls_fixtures
+from tests.api.tls_fixtures import TlsServer, require_kubectl
 from tests.conftest import manage
 from tests.test_serve import serve_environment
+
+# Fixtures are found by name in the module (tests/api/conftest.py is the API's own).
+start_tls_server, tls_server = tls_fixtures.start_tls_server, tls_fixtures.tls_server
 
 CONFLICT = (
     'Operation cannot be fulfilled on leases.coordination.k8s.io "demo": the object has been modified; '
     "please apply your changes to the latest version and try again"
 )
+
+
+class Kubectl:
+    """kubectl with one kubeconfig and a home of its own (its discovery cache starts empty)."""
+
+    def __init__(self, binary: str, kubeconfig: Path, home: Path) -> None:
+        self.binary, self.kubeconfig = binary, kubeconfig
+        self.env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home)}
+
+    def argv(self, *args: str) -> list[str]:
+        return [self.binary, "--kubeconfig", str(self.kubeconfig), *args]
+
+    def run(self, *args: str, stdin: str | None = None, ok: bool = True) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run(self.argv(*args), env=self.env, input=stdin, capture_output=True, text=True, timeout=60)
+        if ok and done.returncode != 0:
+            # What kubectl asked and was answered, to say what the server got wrong.
+            traced = subprocess.run(self.argv("-v=8", *args), env=self.env, input=stdin, capture_output=True, text=True)
+            pytest.fail(f"kubectl {' '.join(args)} exited {done.returncode}:\n{done.stderr}\n-v=8:\n{traced.stderr}")
+        return done
+
+    def follow(self, *args: str) -> Lines:
+        """kubectl running on (as `get -w` does), its output lines read as they come."""
+        process = subprocess.Popen(
+            self.argv(*args), env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        return Lines(process)
+
+
+class Lines:
+    """A child's output lines as they come, read by a thread so that waiting for one never blocks the test."""
+
+    def __init__(self, process: subprocess.Popen[str]) -> None:
+        self.process, self.seen, self._queue = process, list[str](), queue.Queue[str]()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self._queue.put(line)
+
+    def kill(self) -> None:
+        """Kill the child, and close its output once the reader has seen its end."""
+        self.process.kill()
+        self.process.wait()
+        self._reader.join(timeout=5)
+        assert self.process.stdout is not None
+        self.process.stdout.close()
+
+    def wait_for(self, text: str, timeout: float = 20.0) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                line = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                break
+            self.seen.append(line)
+            if text in line:
+                return line
+        pytest.fail(f"no line with {text!r} within {timeout} s; seen: {self.seen}")
+
+
+def lease_yaml(holder: str, resource_version: str | None = None) -> str:
+    version = f"\n  resourceVersion: {resource_version!r}" if resource_version else ""
+    return (
+        "apiVersion: coordination.k8s.io/v1\nkind: Lease\n"
+        f"metadata:\n  name: demo\n  namespace: default{version}\n"
+        f"spec:\n  holderIdentity: {holder}\n  leaseDurationSeconds: 15\n"
+    )
+
+
+@pytest.fixture
+def kubectl(tls_server: TlsServer, tmp_path: Path) -> Kubectl:
+    binary = require_kubectl()
+    User.objects.create_user("alice")
+    return Kubectl(binary, tls_server.kubeconfig("alice", tmp_path / "kubeconfig"), tmp_path / "home")
+
+
+# kubectl validates what it creates or replaces, by default on the server, once the server's OpenAPI v3 document
+# says it can (a `fieldValidation` parameter on the kind's PATCH): the API serves no /openapi/v3 yet.
+NO_OPENAPI_V3 = pytest.mark.xfail(
+    strict=True, reason="the API serves no /openapi/v3: kubectl refuses to create, 'failed to download openapi'"
+)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("validate", [pytest.param((), marks=NO_OPENAPI_V3), ("--validate=false",)])
+def test_kubectl_gets_creates_watches_replaces_and_deletes_a_lease(
+    kubectl: Kubectl, tmp_path: Path, validate: tuple[str, ...]
+) -> None:
+    version = kubectl.run("version")
+    assert "Client Version: v1." in version.stdout and "Server Version: v1." in version.stdout
+
+    empty = kubectl.run("get", "leases")
+    assert "No resources found in default namespace." in empty.stderr
+
+    manifest = tmp_path / "lease.yaml"
+    manifest.write_text(lease_yaml("alice"))
+    assert kubectl.run("create", *validate, "-f", str(manifest)).stdout == "lease.coordination.k8s.io/demo created\n"
+    listed = kubectl.run("get", "leases").stdout.splitlines()
+    assert listed[0].split()[0] == "NAME" and listed[1].split()[0] == "demo", listed
+
+    stored = yaml.safe_load(kubectl.run("get", "lease", "demo", "-o", "yaml").stdout)
+    assert (stored["apiVersion"], stored["kind"]) == ("coordination.k8s.io/v1", "Lease")
+    assert stored["metadata"]["name"] == "demo" and stored["metadata"]["namespace"] == "default"
+    assert (stored["spec"]["holderIdentity"], stored["spec"]["leaseDurationSeconds"]) == ("alice", 15)
+    seen_version = stored["metadata"]["resourceVersion"]
+
+    lines = kubectl.follow("get", "leases", "-w")
+    try:
+        lines.wait_for("demo")  # the list it starts from
+        manifest.write_text(lease_yaml("bob", seen_version))
+        replaced = kubectl.run("replace", *validate, "-f", str(manifest))
+        assert replaced.stdout == "lease.coordination.k8s.io/demo replaced\n"
+        lines.wait_for("demo")  # the change, as it happens
+    finally:
+        lines.kill()
+
+    manifest.write_text(lease_yaml("carol", seen_version))  # the version bob's replace made stale
+    stale = kubectl.run("replace", *validate, "-f", str(manifest), ok=False)
+    assert stale.returncode == 1
+    assert stale.stderr == f'Error from server (Conflict): error when replacing "{manifest}": {CONFLICT}\n'
+    assert yaml.safe_load(kubectl.run("get", "lease", "demo", "-o", "yaml").stdout)["spec"]["holderIdentity"] == "bob"
+
+    assert kubectl.run("delete", "lease", "demo").stdout == 'lease.coordination.k8s.io "demo" deleted\n'
+    gone = kubectl.run("get", "lease", "demo", ok=False)
+    assert gone.stderr == 'Error from server (NotFound): leases.coordination.k8s.io "demo" not found\n'
+
+
+@pytest.mark.slow
+def test_kubectl_lists_the_counters_a_custom_resource(kubectl: Kubectl) -> None:
+    listed = kubectl.run("get", "counters", "-n", "demo").stdout  # serve's demo data
+    assert [line.split()[0] for line in listed.splitlines()[1:]] == ["cold", "hot", "warm"], listed
+
+
+@pytest.mark.slow
+def test_kubectl_with_a_revoked_token_is_told_it_must_log_in(kubectl: Kubectl) -> None:
+    ApiToken.objects.filter(name="kubeconfig").delete()
+    refused = kubectl.run("get", "leases", ok=False)
+    assert refused.returncode == 1
+    assert refused.stderr.startswith("error: You must be logged in to the server (Unauthorized")
 
 
 @pytest.mark.django_db(transaction=True)

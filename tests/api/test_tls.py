@@ -1,8 +1,9 @@
 """serve's HTTPS port: a certificate for 127.0.0.1 and localhost made once and kept, or the user's own by
-setting, a clear refusal of settings that cannot work."""
+setting, a clear refusal of settings that cannot work, and the API over HTTPS with a bearer token."""
 
 from __future__ import annotations
 
+import json
 import re
 import ssl
 from collections.abc import Callable
@@ -127,3 +128,17 @@ def test_serve_refuses_an_https_port_that_is_its_http_port(database_url: str, tm
     refused = manage("serve", "--port", port, "--tls-port", port, env=serve_environment(database_url, tmp_path))
     assert refused.returncode == 2
     assert f"--tls-port {port}: give another TCP port than --port" in refused.stderr
+
+
+@pytest.mark.slow
+def test_the_api_answers_over_https_with_a_bearer_token_and_refuses_without(tls_server: TlsServer) -> None:
+    from occviz.api.models import ApiToken
+
+    _, token = ApiToken.issue(User.objects.create_user("alice"), "test")
+    path = "/apis/coordination.k8s.io/v1/namespaces/default/leases"
+    status, body = https_get(f"{tls_server.https_url}{path}", tls_server.ca, {"Authorization": f"Bearer {token}"})
+    assert status == 200, body
+    assert json.loads(body)["kind"] == "LeaseList"
+    status, body = https_get(f"{tls_server.https_url}{path}", tls_server.ca)
+    assert status == 401, body
+    assert json.loads(body)["reason"] == "Unauthorized"
