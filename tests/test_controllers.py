@@ -191,10 +191,10 @@ def test_the_live_state_after_the_job_shows_each_field_and_last_write() -> None:
 
 def test_the_job_page_shows_the_deployment_and_the_controllers(signed_in: Client) -> None:
     job = run_controllers(strategy="occ", controllers=2, rate_per_s=50, think_ms=5, seconds=1)
+    assert job.summary is not None
     html = signed_in.get(f"/jobs/{job.pk}/").content.decode()
-    assert (
-        "kind: Deployment" in html and f'resourceVersion: "<strong data-version>{job.summary["object_version"]}' in html
-    )  # type: ignore[index]
+    assert "kind: Deployment" in html
+    assert f'resourceVersion: "<strong data-version>{job.summary["object_version"]}</strong>"' in html
     assert 'data-controller="1"' in html and 'data-controller="2"' in html
     assert "status.observedGeneration" in html and "spec.replicas" in html
     assert "Invariant holds" in html

@@ -573,10 +573,10 @@ _CONFLICT_409 = (
 
 class Controllers(Scenario):
     name = "controllers"
-    title = "Controllers A and B"
+    title = "Controller race"
     description = (
-        "Controllers reconcile the same Deployment, each owning a field: with occ a conflict is re-read and "
-        "re-applied, with blind writes one controller silently erases another's work."
+        "Controllers A and B (up to H) reconcile the same Deployment, each owning a field: with occ a conflict "
+        "is re-read and re-applied, with blind writes one controller silently erases another's work."
     )
     form_class = ControllersForm
     sections = {

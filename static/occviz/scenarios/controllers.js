@@ -49,20 +49,20 @@
       const table = document.createElement("table");
       table.className = "replicas controllers";
       table.innerHTML =
-        '<thead><tr><th scope="col">controller</th><th scope="col">owns</th>' +
-        '<th scope="col">its last write</th><th scope="col">its writes erased</th></tr></thead>';
+        '<thead><tr><th scope="col">controller, its field</th>' +
+        '<th scope="col">last write</th><th scope="col">erased</th></tr></thead>';
       const body = document.createElement("tbody");
       for (const actor of [...model.controllers.keys()].sort((a, b) => a - b)) {
         const c = model.controllers.get(actor);
         const tr = document.createElement("tr");
         tr.dataset.controller = actor;
-        const cells = [
-          model.vocabulary.actorName(actor),
-          c.field || "–",
-          c.version == null ? "–" : `${c.value} (v${c.version})`,
-          String(c.lost),
-        ];
-        for (const text of cells) {
+        const th = document.createElement("th");
+        th.scope = "row";
+        const code = document.createElement("code");
+        code.textContent = c.field || "–";
+        th.append(model.vocabulary.actorName(actor), document.createElement("br"), code);
+        tr.appendChild(th);
+        for (const text of [c.version == null ? "–" : `${c.value} (v${c.version})`, String(c.lost)]) {
           const td = document.createElement("td");
           td.textContent = text;
           tr.appendChild(td);
