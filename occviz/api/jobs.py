@@ -17,7 +17,7 @@ from django.http import HttpRequest, HttpResponse
 from occviz.api import schemas
 from occviz.api.auth import Caller
 from occviz.api.kinds import FieldInvalid, rfc3339
-from occviz.api.resources import invalid_error, json_body, validated
+from occviz.api.resources import invalid_error, json_body, no_nul, validated
 from occviz.api.status import ApiError, json_response, resource_details
 from occviz.jobs.models import Job
 from occviz.jobs.registry import ParamsError
@@ -100,6 +100,10 @@ def _form_value(value: Any) -> Any:
 def create(request: HttpRequest, caller: Caller, namespace: str) -> HttpResponse:
     data = json_body(request, "Job")
     body = validated(schemas.Job, data, None, "")
+    try:
+        no_nul(data)
+    except FieldInvalid as problem:
+        raise invalid_error(None, "Job", "", [problem]) from None
     if namespace != NAMESPACE:
         raise ApiError(403, f'jobs run in the namespace "{NAMESPACE}", not "{namespace}"')
     problems = []

@@ -135,18 +135,18 @@ def check_url_part(value: str, what: str) -> None:
         raise ApiError(400, f"the {what} in the URL is not a valid name: {json.dumps(value[:80])}")
 
 
-def _no_nul(value: Any, field: str = "") -> None:
+def no_nul(value: Any, field: str = "") -> None:
     """PostgreSQL text cannot hold NUL: refuse it in any string of the body (422), rather than fail to store it."""
     if isinstance(value, str):
         if "\x00" in value:
             raise FieldInvalid(field or "body", value, "must not contain the NUL character")
     elif isinstance(value, Mapping):
         for key, item in value.items():
-            _no_nul(key, field)
-            _no_nul(item, f"{field}.{key}" if field else str(key))
+            no_nul(key, field)
+            no_nul(item, f"{field}.{key}" if field else str(key))
     elif isinstance(value, list):
         for index, item in enumerate(value):
-            _no_nul(item, f"{field}[{index}]")
+            no_nul(item, f"{field}[{index}]")
 
 
 def _times_in_range(fields: dict[str, Any]) -> None:
@@ -242,6 +242,10 @@ def _parse_object(kind: Kind, data: Any, url_namespace: str, url_name: str | Non
     if kind_name is not None and kind_name != kind.kind:
         raise ApiError(400, f"the kind in the data ({kind_name}) does not match the expected kind ({kind.kind})")
     body = validated(kind.schema, data, kind, url_name or _name_in(data))
+    try:
+        no_nul(data)
+    except FieldInvalid as problem:
+        raise invalid_error(kind, kind.kind, url_name or _name_in(data), [problem]) from None
     meta = body.metadata
     if meta.namespace is not None and meta.namespace != url_namespace:
         raise ApiError(
@@ -270,7 +274,6 @@ def _name_in(data: dict[str, Any]) -> str:
 def _store_fields(kind: Kind, body: Any, current: VersionedObject | None, name: str) -> dict[str, Any]:
     try:
         fields = kind.fields(body, current)
-        _no_nul(fields)
         _times_in_range(fields)
     except FieldInvalid as problem:
         raise invalid_error(kind, kind.kind, name, [problem]) from None
