@@ -13,7 +13,8 @@ wrote meanwhile is silently erased.
 erased which: an `erased` event. A write is lost when another controller's write
 changes its field before its owner writes that field again. At the end the job checks
 that the replayed history is the stored object, and with `occ` that every
-controller's last write is on it and none was erased.
+controller's last write is on it and none was erased. Writes to the Deployment from
+outside the job (the admin) are not followed: the verdict says they happened.
 """
 
 from __future__ import annotations
@@ -474,7 +475,11 @@ def summarize(
     # Every version after the first is one acknowledged write, and replaying them gives the stored object.
     problems = []
     if final_version - 1 != writes:
-        problems.append(f"the object is at v{final_version} but the job acknowledged {writes} writes")
+        # The admin (or another writer) wrote the object meanwhile: this scenario does not follow such writes.
+        problems.append(
+            f"the object is at v{final_version} but the job acknowledged {writes} writes: "
+            f"{final_version - 1 - writes} writes came from outside the job, which it does not account for"
+        )
     if history.waiting or history.version != final_version or history.values != on_object:
         problems.append(f"replaying the {writes} acknowledged writes does not give the stored object v{final_version}")
     if erased != len(history.lost):
