@@ -7,7 +7,7 @@
     atomic        UPDATE ... SET value = value + 1: no read-modify-write at all
 
 Each strategy is a function `(writer, row, op) -> bool` (True when the increment
-committed). The retrying ones share `_with_retries`, so `occ`, `pessimistic` and
+committed). The retrying ones share `with_retries`, so `occ`, `pessimistic` and
 `serializable` count attempts, waits and give-ups the same way.
 
 A writer's deadline bounds everything it waits for: think time and retry waits end
@@ -128,7 +128,7 @@ def _committed(writer: Writer, row: int, op: int, attempt: int, started: float, 
 RETRY: Final = object()
 
 
-def _with_retries(writer: Writer, row: int, op: int, attempt_once: Callable[[int, float], bool | object]) -> bool:
+def with_retries(writer: Writer, row: int, op: int, attempt_once: Callable[[int, float], bool | object]) -> bool:
     """Run `attempt_once` until it commits (True), the job stops (False) or the attempts run out."""
     started = time.perf_counter()
     policy = writer.policy
@@ -206,7 +206,7 @@ def occ(writer: Writer, row: int, op: int) -> bool:
             duration_ms=took_ms,
         )
 
-    return _with_retries(writer, row, op, attempt_once)
+    return with_retries(writer, row, op, attempt_once)
 
 
 def pessimistic(writer: Writer, row: int, op: int) -> bool:
@@ -238,7 +238,7 @@ def pessimistic(writer: Writer, row: int, op: int) -> bool:
             duration_ms=(time.perf_counter() - t) * 1000.0,
         )
 
-    return _with_retries(writer, row, op, attempt_once)
+    return with_retries(writer, row, op, attempt_once)
 
 
 def serializable(writer: Writer, row: int, op: int) -> bool:
@@ -267,7 +267,7 @@ def serializable(writer: Writer, row: int, op: int) -> bool:
             duration_ms=(time.perf_counter() - t) * 1000.0,
         )
 
-    return _with_retries(writer, row, op, attempt_once)
+    return with_retries(writer, row, op, attempt_once)
 
 
 def atomic(writer: Writer, row: int, op: int) -> bool:

@@ -30,7 +30,7 @@ from django import forms
 from django.db import connection
 
 from occviz.concurrency.retry import PRESETS, make_policy
-from occviz.concurrency.strategies import RETRY, Writer, _with_retries, connected
+from occviz.concurrency.strategies import RETRY, Writer, connected, with_retries
 from occviz.jobs.models import Job
 from occviz.scenarios.base import (
     ERROR,
@@ -322,7 +322,7 @@ class Controller:
         """Set this controller's field to `op` (its reconcile number); True once a write with it was acknowledged."""
         if self.blind:
             return self._attempt(op, 1, time.perf_counter()) is True
-        return _with_retries(self.writer, self.row, op, lambda attempt, started: self._attempt(op, attempt, started))
+        return with_retries(self.writer, self.row, op, lambda attempt, started: self._attempt(op, attempt, started))
 
     def _attempt(self, op: int, attempt: int, started: float) -> bool | object:
         version, content = self.get(op, attempt)
