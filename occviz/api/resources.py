@@ -46,8 +46,13 @@ def _body_bytes(request: HttpRequest) -> bytes:
 
 
 def json_body(request: HttpRequest, kind_name: str, accepted: tuple[str, ...] = (JSON,)) -> Any:
-    """The request's body as JSON; 415 for a media type not in `accepted`, 400 for malformed JSON."""
-    if request.content_type not in accepted:
+    """The request's body as JSON; 415 for a media type not in `accepted`, 400 for malformed JSON.
+
+    No Content-Type at all is taken as JSON where JSON is accepted: the official Python client
+    sends none with a create or a replace.
+    """
+    media_type = request.content_type or (JSON if JSON in accepted else "")
+    if media_type not in accepted:
         raise ApiError(
             415,
             f"the body of the request was in an unknown format ({request.content_type or 'no Content-Type'}) - "

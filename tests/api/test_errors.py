@@ -94,6 +94,7 @@ def test_a_put_whose_name_differs_from_the_url_is_400(client_with_token: Client)
 def test_unsupported_media_types_are_415(client_with_token: Client) -> None:
     _send(client_with_token, "post", LEASES, lease_body())
     _status(_send(client_with_token, "post", LEASES, "holder=a", "text/plain"), 415, "UnsupportedMediaType")
+    _status(_send(client_with_token, "patch", f"{LEASES}/demo", {}, ""), 415, "UnsupportedMediaType")
     json_patch = [{"op": "replace", "path": "/spec/holderIdentity", "value": "b"}]
     status = _status(
         _send(client_with_token, "patch", f"{LEASES}/demo", json_patch, "application/json-patch+json"),

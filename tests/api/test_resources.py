@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import requests
 
 from occviz.store.models import Change, Counter, Lease
@@ -152,3 +154,11 @@ def test_pods_and_quotas_map_requests_hard_and_used(api: requests.Session) -> No
     assert made.json()["status"] == {"phase": "Pending"}
     everywhere = api.get(url(api, "/api/v1/pods"))
     assert everywhere.json()["kind"] == "PodList" and len(everywhere.json()["items"]) == 1
+
+
+def test_a_create_without_a_content_type_is_json_as_the_python_client_sends_it(api: requests.Session) -> None:
+    request = requests.Request("POST", url(api, LEASES), data=json.dumps(lease_body()), headers=dict(api.headers))
+    prepared = api.prepare_request(request)
+    prepared.headers.pop("Content-Type", None)
+    made = api.send(prepared)
+    assert made.status_code == 201, made.text
