@@ -219,3 +219,16 @@ def test_kubeconfig_with_a_publicly_trusted_certificate_carries_no_ca(database_u
     assert made.returncode == 0, made.stderr
     [cluster] = yaml.safe_load(made.stdout)["clusters"]
     assert cluster["cluster"] == {"server": "https://occviz.example.org"}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_kubeconfig_follows_the_https_port_setting_and_needs_a_server_without_one(
+    database_url: str, tmp_path: Path
+) -> None:
+    User.objects.create_user("alice")
+    moved = manage("kubeconfig", "alice", env=serve_environment(database_url, tmp_path, OCCVIZ_TLS_PORT="9443"))
+    assert yaml.safe_load(moved.stdout)["clusters"][0]["cluster"]["server"] == "https://127.0.0.1:9443"
+    none = manage("kubeconfig", "alice", env=serve_environment(database_url, tmp_path, OCCVIZ_TLS_PORT="0"))
+    assert none.returncode == 1
+    assert "serve has no HTTPS port (OCCVIZ_TLS_PORT=0): give --server https://..." in none.stderr
+    assert ApiToken.objects.count() == 1

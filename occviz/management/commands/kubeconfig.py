@@ -61,13 +61,17 @@ class Command(BaseCommand):
         parser.add_argument("username")
         parser.add_argument(
             "--server",
-            default=f"https://127.0.0.1:{settings.OCCVIZ_TLS_PORT}",
-            help="the HTTPS address kubectl is to use (default: %(default)s, serve's)",
+            help=f"the HTTPS address kubectl is to use (default: serve's, https://127.0.0.1:{settings.OCCVIZ_TLS_PORT})",
         )
         parser.add_argument("--namespace", default="default", help="the context's namespace (default: default)")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        server, username = options["server"].rstrip("/"), options["username"]
+        server, username = options["server"], options["username"]
+        if server is None:
+            if not settings.OCCVIZ_TLS_PORT:
+                raise CommandError("serve has no HTTPS port (OCCVIZ_TLS_PORT=0): give --server https://...")
+            server = f"https://127.0.0.1:{settings.OCCVIZ_TLS_PORT}"
+        server = server.rstrip("/")
         if urlsplit(server).scheme != "https":
             raise CommandError(f"--server {server}: give an https:// address; kubectl sends no token over plain HTTP.")
         user = get_user_model().objects.filter(username=username).first()

@@ -135,10 +135,9 @@ class Command(BaseCommand):
                 returncode=2,
             )
         address = host_port(host, port)
-        urls = f"http://{address}/" + (f" and https://{host_port(host, tls_port)}/" if tls_port else "")
         lock = ServeLock(settings.DATA_DIR)
         try:
-            lock.acquire(f"{urls} (pid {os.getpid()})")
+            lock.acquire(f"http://{address}/ (pid {os.getpid()})")
         except AlreadyServing as holder:
             raise CommandError(
                 f"Another serve already runs on the data folder {settings.DATA_DIR}: {holder}. "
