@@ -44,11 +44,6 @@ def lease(holder: str, resource_version: str | None = None) -> client.V1Lease:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="the client sends create and replace bodies without a Content-Type: the API answers 415 where the "
-    "Kubernetes API server reads them as JSON",
-)
 def test_the_python_client_creates_reads_and_replaces_a_lease_and_a_stale_replace_is_a_409(
     leases: client.CoordinationV1Api, tls_server: TlsServer
 ) -> None:
