@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.http import HttpRequest, HttpResponse
 from django.urls import URLPattern, URLResolver, path, re_path
 
-from occviz.api import tokens
+from occviz.api import openapi, tokens
 from occviz.api.api import api
 from occviz.api.status import ApiError
 
@@ -17,6 +17,8 @@ def not_found(request: HttpRequest, rest: str = "") -> HttpResponse:
 
 urlpatterns: list[URLPattern | URLResolver] = [
     path("", api.urls),
+    path("openapi/v3", openapi.index, name="openapi_v3"),
+    path("openapi/v3/<path:key>", openapi.group_version, name="openapi_v3_group_version"),
     path("tokens/", tokens.token_list, name="api_tokens"),
     path("tokens/<int:token_id>/revoke/", tokens.token_revoke, name="api_token_revoke"),
     re_path(r"^(?:api|apis|openapi)(?P<rest>/.*)?$", not_found),

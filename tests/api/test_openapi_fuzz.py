@@ -45,3 +45,16 @@ def test_no_request_the_document_allows_makes_a_server_error(api: requests.Sessi
             case.call_and_validate(headers=headers, checks=[not_a_server_error], timeout=10)
 
         no_server_error()
+
+
+def test_openapi_v3_indexes_each_group_version_with_its_kinds_marked(api_url: str) -> None:
+    index = requests.get(api_url + "/openapi/v3").json()["paths"]
+    assert set(index) == {"api/v1", "apis/coordination.k8s.io/v1", "apis/occviz.dev/v1"}
+    document = requests.get(api_url + index["apis/coordination.k8s.io/v1"]["serverRelativeURL"]).json()
+    patch = document["paths"]["/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}"]["patch"]
+    assert patch["x-kubernetes-group-version-kind"] == {
+        "group": "coordination.k8s.io",
+        "version": "v1",
+        "kind": "Lease",
+    }
+    assert any(parameter["name"] == "fieldValidation" for parameter in patch["parameters"])

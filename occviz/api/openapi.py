@@ -1,0 +1,73 @@
+"""/openapi/v3, as kubectl reads it: an index of group versions, and each one's part of the document.
+
+kubectl (`create`/`replace` with validation on) looks in the group version's document for
+the PATCH operation of the object's kind (marked `x-kubernetes-group-version-kind`) and,
+finding a `fieldValidation` query parameter there, leaves validation to the server. The
+parts are cut from the one document django-ninja builds from the pydantic models (/openapi.json).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+from typing import Any
+
+from django.http import HttpRequest, HttpResponse
+
+from occviz.api.api import api
+from occviz.api.kinds import KINDS
+from occviz.api.status import ApiError, json_response
+
+FIELD_VALIDATION = {
+    "name": "fieldValidation",
+    "in": "query",
+    "description": "Ignore, Warn or Strict: how unknown fields are treated (this server ignores them).",
+    "schema": {"type": "string"},
+}
+
+
+def _group_versions() -> dict[str, str]:
+    """Each group version's key in the index ("api/v1", "apis/<group>/v1") -> its API group ("" for core)."""
+    return {kind.path.lstrip("/"): kind.group for kind in KINDS}
+
+
+@functools.cache
+def _document() -> dict[str, Any]:
+    return dict(api.get_openapi_schema(path_prefix=""))
+
+
+def _kind_of(path: str, group: str) -> dict[str, str] | None:
+    for kind in KINDS:
+        if kind.group == group and f"/{kind.plural}" in path:
+            return {"group": kind.group, "version": "v1", "kind": kind.kind}
+    return None
+
+
+def group_version_document(key: str) -> dict[str, Any]:
+    """The part of the document under `/<key>/`, each operation marked with its kind and fieldValidation."""
+    versions = _group_versions()
+    if key not in versions:
+        raise ApiError(404, "the server could not find the requested resource")
+    document = copy.deepcopy(_document())
+    paths: dict[str, Any] = {}
+    for path, operations in document["paths"].items():
+        if not path.startswith(f"/{key}/"):
+            continue
+        gvk = _kind_of(path, versions[key])
+        for method, operation in operations.items():
+            if gvk is not None:
+                operation["x-kubernetes-group-version-kind"] = gvk
+            if method in ("post", "put", "patch"):
+                operation.setdefault("parameters", []).append(dict(FIELD_VALIDATION))
+        paths[path] = operations
+    document["paths"] = paths
+    return document
+
+
+def index(request: HttpRequest) -> HttpResponse:
+    paths = {key: {"serverRelativeURL": f"/openapi/v3/{key}"} for key in _group_versions()}
+    return json_response({"paths": paths})
+
+
+def group_version(request: HttpRequest, key: str) -> HttpResponse:
+    return json_response(group_version_document(key))
