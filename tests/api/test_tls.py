@@ -7,6 +7,7 @@ import json
 import re
 import ssl
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -97,6 +98,13 @@ def test_settings_that_cannot_work_are_refused_naming_the_setting(tmp_path: Path
     for (certificate, key, authority), message in cases.items():
         with pytest.raises(ImproperlyConfigured, match=re.escape(message)):
             tls.configured_files(certificate, key, authority)
+
+
+def test_processes_that_start_together_all_use_the_one_set_that_was_made_first(tmp_path: Path) -> None:
+    with ThreadPoolExecutor(8) as pool:
+        made = list(pool.map(lambda _: tls.generated_files(tmp_path), range(8)))
+    assert len({tls.fingerprint(files.certificate) for files in made}) == 1
+    assert [path.name for path in tmp_path.iterdir()] == [tls.TLS_DIR]  # no draft left behind
 
 
 def test_a_generated_set_with_a_file_missing_says_how_to_have_a_new_one_made(tmp_path: Path) -> None:
