@@ -139,7 +139,7 @@ def create(request: HttpRequest, caller: Caller, namespace: str) -> HttpResponse
 
 def cancel(caller: Caller, namespace: str, name: str) -> HttpResponse:
     job = load(namespace, name)
-    if not (caller.user.is_staff or job.created_by_id == caller.user.pk):
+    if not job.may_be_controlled_by(caller.user):
         raise ApiError(403, f'jobs.{GROUP} "{name}" is forbidden: only whoever launched it, or staff, may cancel it')
     if not job.is_finished:
         job.request_cancel()

@@ -78,6 +78,10 @@ class Job(models.Model):
         Job.objects.filter(pk=self.pk, status=self.Status.RUNNING).update(cancel_requested=True)
         self.refresh_from_db(fields=["status", "cancel_requested"])
 
+    def may_be_controlled_by(self, user: Any) -> bool:
+        """Who launched a job, or staff, may cancel or control it; everyone signed in may watch it."""
+        return bool(user.is_staff or self.created_by_id == user.pk)
+
     def request_control(
         self,
         action: str,

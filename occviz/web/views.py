@@ -56,11 +56,6 @@ def _json_login_required(view: Callable[..., HttpResponseBase]) -> Callable[...,
     return wrapped
 
 
-def _may_control(request: HttpRequest, job: Job) -> bool:
-    """Who launched a job, or staff, may cancel it; everyone signed in may watch it."""
-    return bool(request.user.is_staff or job.created_by_id == request.user.pk)
-
-
 def _spec(job: Job) -> Scenario | None:
     return SCENARIOS.get(job.scenario)
 
@@ -164,7 +159,7 @@ def _job_context(request: HttpRequest, job: Job, control_note: str = "") -> dict
         "spec": spec,
         "setup": spec.setup(job.params) if spec else "",
         "vocabulary": spec.vocabulary(job.params) if spec else None,
-        "may_control": _may_control(request, job),
+        "may_control": job.may_be_controlled_by(request.user),
         "params": sorted(job.params.items()),
         "summary": job.summary or {},
         **_watched_objects(job),
@@ -200,7 +195,7 @@ def job_detail(request: HtmxHttpRequest, job_id: int) -> HttpResponse:
 @login_required
 def job_cancel(request: HtmxHttpRequest, job_id: int) -> HttpResponse:
     job = get_object_or_404(Job, pk=job_id)
-    if not _may_control(request, job):
+    if not job.may_be_controlled_by(request.user):
         return HttpResponseForbidden("Only whoever launched this job, or staff, may cancel it.")
     if not job.is_finished:
         job.request_cancel()
@@ -214,7 +209,7 @@ def job_cancel(request: HtmxHttpRequest, job_id: int) -> HttpResponse:
 def job_control(request: HtmxHttpRequest, job_id: int) -> HttpResponse:
     """Apply a failure control to a running job (kill a leader, pause it...): 202, or why not, changing nothing."""
     job = get_object_or_404(Job, pk=job_id)
-    if not _may_control(request, job):
+    if not job.may_be_controlled_by(request.user):
         return HttpResponseForbidden("Only whoever launched this job, or staff, may control it.")
     spec = _spec(job)
     try:
