@@ -3,7 +3,8 @@
 kubectl (`create`/`replace` with validation on) looks in the group version's document for
 the PATCH operation of the object's kind (marked `x-kubernetes-group-version-kind`) and,
 finding a `fieldValidation` query parameter there, leaves validation to the server. The
-parts are cut from the one document django-ninja builds from the pydantic models (/openapi.json).
+parts are cut from the one document django-ninja builds from the pydantic models (/openapi.json),
+with its bounds in the older JSON Schema form kube-openapi reads (see `_draft4_bounds`).
 """
 
 from __future__ import annotations
@@ -43,6 +44,23 @@ def _kind_of(path: str, group: str) -> dict[str, str] | None:
     return None
 
 
+def _draft4_bounds(node: Any) -> Any:
+    """Numeric `exclusiveMinimum: 0` (JSON Schema 2020-12, as pydantic writes `gt=0`) as draft 4's
+    `minimum: 0, exclusiveMinimum: true`: kube-openapi takes exclusiveMinimum for a boolean, fails to
+    read the whole document otherwise, and kubectl then refuses to create anything with validation on."""
+    if isinstance(node, list):
+        return [_draft4_bounds(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    bounded = {key: _draft4_bounds(value) for key, value in node.items()}
+    for exclusive, inclusive in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
+        bound = bounded.get(exclusive)
+        if isinstance(bound, int | float) and not isinstance(bound, bool):
+            bounded[inclusive] = bound
+            bounded[exclusive] = True
+    return bounded
+
+
 def group_version_document(key: str) -> dict[str, Any]:
     """The part of the document under `/<key>/`, each operation marked with its kind and fieldValidation."""
     versions = _group_versions()
@@ -61,7 +79,7 @@ def group_version_document(key: str) -> dict[str, Any]:
                 operation.setdefault("parameters", []).append(dict(FIELD_VALIDATION))
         paths[path] = operations
     document["paths"] = paths
-    return document
+    return _draft4_bounds(document)
 
 
 def index(request: HttpRequest) -> HttpResponse:

@@ -109,16 +109,9 @@ def kubectl(tls_server: TlsServer, tmp_path: Path) -> Kubectl:
 
 # kubectl validates what it creates or replaces on the server once the server's OpenAPI v3 document says it can
 # (a `fieldValidation` parameter on the kind's PATCH); it reads that document with JSON Schema draft 4, where
-# exclusiveMinimum is a boolean, and gives up on one with a number there (OpenAPI 3.1's form).
-NO_OPENAPI_V3 = pytest.mark.xfail(
-    strict=True,
-    reason="kubectl cannot read the API's /openapi/v3 documents (a numeric exclusiveMinimum), so it refuses "
-    "to create: 'failed to download openapi'",
-)
-
-
+# exclusiveMinimum is a boolean, and gives up on one with a number there (OpenAPI 3.1's form): both must work.
 @pytest.mark.slow
-@pytest.mark.parametrize("validate", [pytest.param((), marks=NO_OPENAPI_V3), ("--validate=false",)])
+@pytest.mark.parametrize("validate", [(), ("--validate=false",)], ids=["validated", "unvalidated"])
 def test_kubectl_gets_creates_watches_replaces_and_deletes_a_lease(
     kubectl: Kubectl, tmp_path: Path, validate: tuple[str, ...]
 ) -> None:
