@@ -58,10 +58,15 @@
   }
 
   function showNow(object, job) {
-    const version = page.querySelector("[data-version]");
-    if (version && object) version.textContent = `v${object.version}`;
-    const fields = page.querySelector("[data-fields]");
-    if (fields && object) fields.textContent = Object.entries(object.fields).map(([k, v]) => `${k}=${v}`).join(" ");
+    // No object: deleted (or not made yet) since the last poll.
+    page.querySelector("[data-now-stored]").hidden = !object;
+    page.querySelector("[data-now-missing]").hidden = Boolean(object);
+    if (object) {
+      page.querySelector("[data-version]").textContent = `v${object.version}`;
+      page.querySelector("[data-fields]").textContent = Object.entries(object.fields)
+        .map(([k, v]) => `${k}=${v}`)
+        .join(" ");
+    }
     const status = page.querySelector("[data-job-status]");
     if (status && job) status.textContent = job.status;
   }
