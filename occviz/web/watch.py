@@ -40,11 +40,15 @@ def history(resource: str, namespace: str, name: str, *, after_change: int = 0, 
     """What happened to the object since the cursors: the newest entries, counts per writer, new cursors."""
     obj = find(resource, namespace, name)
     changes = Change.objects.filter(resource=resource, namespace=namespace, name=name, id__gt=after_change)
+    # The new cursor first, and the entries and counts up to it: each query sees the Changes
+    # committed by its own start, so a Change committed between them would otherwise be past
+    # the cursor without having been counted, and never shown.
+    last_change = changes.aggregate(last=Max("id"))["last"] or after_change
+    changes = changes.filter(id__lte=last_change)
     entries = [_change_entry(change) for change in changes.order_by("-id")[:NEWEST]]
     counts: dict[str, dict[str, int]] = {}
     for row in changes.values("via", "writer", "type").annotate(n=Count("id")):
         _count(counts, f"{_VIA_WORDS.get(row['via'], row['via'])}: {row['writer']}", row["type"], row["n"])
-    last_change = changes.aggregate(last=Max("id"))["last"] or after_change
     job = Job.objects.filter(pk=obj.job_id).first() if obj is not None and obj.job_id else None
     last_seq = after_seq
     if job is not None and obj is not None:

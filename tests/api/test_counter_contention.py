@@ -5,6 +5,7 @@ this test increments the job's hot row over real HTTP, as a student's controller
 GET the counter, PUT `spec.value + 1` with the `metadata.resourceVersion` it read, and on
 a 409 read the Status, GET again and retry. The job's think time keeps it running for
 seconds and makes the row move between the client's GET and PUT, so the race happens.
+The watch page's cursor, polled while several API writers write at once, counts every write.
 """
 
 from __future__ import annotations
@@ -16,7 +17,13 @@ from typing import Any
 
 import pytest
 import requests
+from django.contrib.auth.models import User
+from django.db import connections
+from django.test import Client
 
+from occviz.store import writes
+from occviz.store.cas import ANY
+from occviz.store.models import Change, Counter
 from tests.api.conftest import COUNTERS, JOBS
 from tests.api.test_auth import _signed_in
 from tests.api.test_resources import url
@@ -184,3 +191,46 @@ def test_api_increments_race_a_running_job_and_both_sides_conflicts_are_shown_an
     assert f'<tr data-writer="{API_WRITER}"><th scope="row">{API_WRITER}</th>' in html
     assert f"<td>{client.committed}</td><td>{client.conflicts}</td>" in html
     assert all(f'data-writer="{writer}"' in html for writer in writers)
+
+
+def test_a_viewer_polling_by_cursor_counts_every_write_of_writers_at_once(transactional_db: None) -> None:
+    """The watch page's cursor: polled as fast as it goes while four API writers write at once, it misses none.
+
+    Blind writes, so every Change is logged under the row's lock and commits in id order:
+    what is tested is that a poll's counts and its new cursor agree, whatever commits meanwhile.
+    """
+    counter = writes.create(Counter, {"namespace": "default", "name": "hot", "value": 0}, writes.Writer("api", "a"))
+    stop = threading.Event()
+
+    def write(name: str) -> None:
+        try:
+            while not stop.is_set():
+                writes.update(counter, {"value": 1}, writes.Writer("api", name), expected_version=ANY)
+        finally:
+            connections.close_all()
+
+    writers = [threading.Thread(target=write, args=(f"w{n}",)) for n in range(4)]
+    viewer = Client()
+    viewer.force_login(User.objects.create_user("viewer"))
+    counted, cursor, polls = 0, 0, 0
+
+    def poll() -> None:
+        nonlocal counted, cursor, polls
+        data = viewer.get("/watch/counters/default/hot/history.json", {"after_change": cursor}).json()
+        counted += sum(tally["versions"] + tally["conflicts"] for tally in data["counts"].values())
+        cursor, polls = data["after_change"], polls + 1
+
+    for thread in writers:
+        thread.start()
+    try:
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            poll()
+    finally:
+        stop.set()
+        for thread in writers:
+            thread.join()
+    poll()
+    total = Change.objects.filter(name="hot").count()
+    assert polls > 50 and total > 200, (polls, total)
+    assert counted == total, f"{total - counted} of {total} writes never counted over {polls} polls"
