@@ -9,8 +9,8 @@ which records it among its own events on a lane named after the writer: a studen
 
 The row is locked for the few statements of the write, so the Change records exactly
 what was stored before and after it. A stale expected version writes nothing and
-raises VersionConflict, after logging the refusal (which outlives the caller's
-transaction only if the caller has none: the admin and the API have none).
+raises VersionConflict once the refusal is logged and committed (unless the caller has a
+transaction of its own, which the raise rolls back with the log).
 """
 
 from __future__ import annotations
@@ -97,21 +97,8 @@ def update[V: VersionedObject](
             )
             _tell_job(written, change, before=fields_of(stored))
             return written
-    # Refused: logged (and told to the job) outside the read's transaction, then raised.
-    attempted = fields_of(stored) | json.loads(json.dumps(dict(changes), cls=DjangoJSONEncoder))
-    with transaction.atomic():
-        change = _log(
-            stored,
-            Change.Type.CONFLICT,
-            writer,
-            version=stored.resource_version,
-            expected=expected_version,
-            content=attempted,
-            stored=fields_of(stored),
-        )
-        _tell_job(stored, change, before=fields_of(stored))
-    conflict = VersionConflict(stored, expected_version)
-    conflict.stored = stored
+        attempted = fields_of(stored) | json.loads(json.dumps(dict(changes), cls=DjangoJSONEncoder))
+        conflict = _refuse(stored, writer, expected_version, attempted)
     raise conflict
 
 
@@ -133,20 +120,29 @@ def delete[V: VersionedObject](obj: V, writer: Writer, *, expected_version: int 
             _tell_job(stored, change, before=content)
             model._default_manager.filter(pk=obj.pk).delete()
             return stored
-    with transaction.atomic():
-        change = _log(
-            stored,
-            Change.Type.CONFLICT,
-            writer,
-            version=stored.resource_version,
-            expected=expected_version,
-            content=fields_of(obj),
-            stored=fields_of(stored),
-        )
-        _tell_job(stored, change, before=fields_of(stored))
+        conflict = _refuse(stored, writer, expected_version, fields_of(obj))
+    raise conflict
+
+
+def _refuse(
+    stored: VersionedObject, writer: Writer, expected_version: int | object, attempted: dict[str, Any]
+) -> VersionConflict:
+    """Log a refused write (and tell the job) while the row is still locked, so that the Changes
+    of one object are numbered in the order they commit: a watcher reading past the newest
+    one it saw misses none. The caller raises the conflict once its transaction has committed."""
+    change = _log(
+        stored,
+        Change.Type.CONFLICT,
+        writer,
+        version=stored.resource_version,
+        expected=expected_version,
+        content=attempted,
+        stored=fields_of(stored),
+    )
+    _tell_job(stored, change, before=fields_of(stored))
     conflict = VersionConflict(stored, expected_version)
     conflict.stored = stored
-    raise conflict
+    return conflict
 
 
 def _log(
