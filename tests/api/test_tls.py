@@ -34,7 +34,9 @@ def test_serve_listens_on_http_and_on_https_verified_by_its_ca_for_127_0_0_1_and
     for host in ("127.0.0.1", "localhost"):
         status, body = https_get(f"https://{host}:{tls_server.served.tls_port}/accounts/login/", tls_server.ca)
         assert status == 200 and b"password" in body
-    assert tls_server.served.output.count(f"HTTPS for kubectl and API clients: {tls_server.https_url}/") == 1
+    banner = tls_server.served.output
+    assert banner.count(f"HTTPS for kubectl and API clients: {tls_server.https_url}/") == 1
+    assert f"python manage.py kubeconfig demo --server {tls_server.https_url} > kubeconfig\n" in banner
     key = tls_server.data_dir / tls.TLS_DIR / tls.KEY_FILE
     assert key.stat().st_mode & 0o777 == 0o600
 

@@ -202,7 +202,7 @@ class Command(BaseCommand):
             self._say(
                 f"\noccviz is serving http://{address}/  (admin: http://{address}/admin/)\n"
                 f"Sign in as {DEMO_USER!r} with password {password!r}\n"
-                + (self._https_banner(host_port(host, tls_port), tls) if tls else "")
+                + (self._https_banner(host, tls_port, tls) if tls else "")
                 + f"{workers} job worker(s) running. Press Ctrl-C to stop.\n"
             )
             postgres = embedded.is_embedded(settings.DATA_DIR)
@@ -218,12 +218,15 @@ class Command(BaseCommand):
         self._say("occviz stopped.")
 
     @staticmethod
-    def _https_banner(address: str, tls: TlsFiles) -> str:
+    def _https_banner(host: str, tls_port: int, tls: TlsFiles) -> str:
         trust = f"its CA: {tls.authority}" if tls.authority else "a certificate of your own"
+        # kubeconfig points at the default port unless told otherwise.
+        server = f" --server https://127.0.0.1:{tls_port}" if tls_port != settings.OCCVIZ_TLS_PORT else ""
         return (
-            f"HTTPS for kubectl and API clients: https://{address}/  ({trust}; "
+            f"HTTPS for kubectl and API clients: https://{host_port(host, tls_port)}/  ({trust}; "
             f"certificate SHA-256 {fingerprint(tls.certificate)})\n"
-            f"  python manage.py kubeconfig {DEMO_USER} > kubeconfig && kubectl --kubeconfig kubeconfig get leases\n"
+            f"  python manage.py kubeconfig {DEMO_USER}{server} > kubeconfig\n"
+            "  kubectl --kubeconfig kubeconfig get leases\n"
         )
 
     def _keep_postgres_up(self) -> None:
