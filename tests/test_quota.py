@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -156,7 +157,7 @@ def test_the_resync_races_admissions_without_over_admitting() -> None:
         hard=20,
         request=1,
         workers=4,
-        think_ms=12,
+        think_ms=25,
         create_failure_rate=0.3,
         resync_seconds=1,
         seconds=5,
@@ -318,3 +319,79 @@ def test_the_job_page_shows_the_quota_and_the_verdict(signed_in: Client) -> None
     assert "admission-1" in page or "admission-2" in page or "quota-controller" in page
     state = SCENARIOS["quota"].read_state(job.pk, job.params)
     assert state.data["quota"]["used"] == 3 and state.figures == {"used": 3, "actual": 3, "gap": 0}
+
+
+# -- pods created over the API while the job runs -------------------------------------------------
+
+
+class ApiCreates(threading.Thread):
+    """Pod creates in the job's namespace as the HTTP API makes them (occviz.api.quota's admission, store.writes)."""
+
+    def __init__(self, job_id: int, seconds: float, pause_s: float) -> None:
+        super().__init__(name="api-creates")
+        self.job_id, self.seconds, self.pause_s = job_id, seconds, pause_s
+        self.created: list[str] = []
+        self.refused: list[str] = []
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        from django.db import connection
+
+        from occviz.api import quota
+        from occviz.api.status import ApiError
+        from occviz.store import writes
+
+        alice = writes.Writer("api", "alice (token laptop)")
+        try:
+            deadline = time.monotonic() + 20
+            namespace = f"job-{self.job_id}"
+            while not ResourceQuota.objects.filter(namespace=namespace).exists():
+                assert time.monotonic() < deadline, "the job never made its quota"
+                time.sleep(0.005)
+            until = time.monotonic() + self.seconds
+            number = 0
+            while time.monotonic() < until:
+                number += 1
+                fields = {"requests": {RESOURCE: 1}}
+                try:
+                    with quota.admitted(namespace, f"api-{number}", fields, alice):
+                        writes.create(Pod, {"namespace": namespace, "name": f"api-{number}", **fields}, alice)
+                    self.created.append(f"api-{number}")
+                except ApiError as refused:
+                    assert refused.code in (403, 409), refused.message
+                    self.refused.append(refused.message)
+                time.sleep(self.pause_s)
+        except BaseException as error:  # reported by the test
+            self.error = error
+        finally:
+            connection.close()
+
+
+def test_api_creates_contend_with_a_running_job_and_the_verdict_counts_both() -> None:
+    job = create_job(
+        "quota",
+        {
+            "pods": 300, "hard": 10, "request": 1, "workers": 4, "think_ms": 15, "create_failure_rate": 0.3,
+            "resync_seconds": 1, "seconds": 4, "seed": 5,
+        },
+    )  # fmt: skip
+    outside = ApiCreates(job.pk, seconds=3.0, pause_s=0.01)
+    outside.start()
+    job = run_job(job.pk)
+    outside.join(30)
+    assert outside.error is None, outside.error
+    assert job.status == Job.Status.SUCCEEDED, job.error
+    summary = summary_of(job)
+
+    assert outside.created and outside.refused, "the API's creates were admitted and denied"
+    assert summary["outside_admitted"] == len(outside.created), "every API charge followed, on its lane"
+    lanes = Event.objects.filter(job=job, kind="outside_charge")
+    assert {event.detail["lane"] for event in lanes} == {"api: alice (token laptop)"}
+    # Never more than `hard` at once, counting both: the resync counts the API's pods among those that exist.
+    assert summary["over_admitted"] == 0 and summary["most_admitted_usage"] <= 10, summary["invariant"]
+    namespace_pods = Pod.objects.filter(namespace=f"job-{job.pk}")
+    assert namespace_pods.count() <= 10 and summary["actual_final"] == namespace_pods.count()
+    assert namespace_pods.filter(job=None).count() <= len(outside.created)
+    assert summary["resync_repairs"] >= 1, "leaks were repaired while the API's pods existed"
+    assert summary["invariant_ok"], summary["invariant"]
+    assert "from outside" in summary["invariant"]

@@ -9,7 +9,8 @@ status that has its own subresource.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
@@ -17,8 +18,10 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from occviz.api import schemas
-from occviz.store.models import Counter, Lease, Pod, ResourceQuota, VersionedObject
+from occviz.api import quota, schemas
+from occviz.store.admission import quantity_text
+from occviz.store.models import Counter, Deployment, Lease, Pod, ResourceQuota, VersionedObject
+from occviz.store.writes import Writer
 
 DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
@@ -103,13 +106,6 @@ def quantity(value: int | str, field: str) -> int | float:
     return int(amount) if amount == amount.to_integral_value() else float(amount)
 
 
-def quantity_text(value: Any) -> str:
-    """A stored amount as a Quantity string: 1 -> "1", 0.5 -> "500m"."""
-    if isinstance(value, float) and not value.is_integer():
-        return f"{round(value * 1000)}m"
-    return str(int(value)) if isinstance(value, int | float) else str(value)
-
-
 def _quantities(values: dict[str, Any] | None, field: str) -> dict[str, int | float]:
     return {key: quantity(amount, f"{field}[{key}]") for key, amount in (values or {}).items()}
 
@@ -167,6 +163,13 @@ def _pod_fields(body: schemas.Pod, current: Pod | None) -> dict[str, Any]:
         for key, amount in _quantities(asked, field).items():
             quota_key = key if key.startswith(_REQUESTS_PREFIX) else _REQUESTS_PREFIX + key
             requests[quota_key] = requests.get(quota_key, 0) + amount
+    if current is not None and requests != (current.requests or {}):
+        # The quota charged the requests at the create: an update may not change them (as the API server says).
+        raise FieldInvalid(
+            "spec.containers[0].resources.requests",
+            _texts(requests),
+            "pod updates may not change resource requests: the quota charged them when the pod was created",
+        )
     phase = body.status.phase if body.status and body.status.phase else None
     return {
         "requests": requests,
@@ -199,6 +202,35 @@ def _counter_fields(body: schemas.Counter, current: Counter | None) -> dict[str,
     return fields
 
 
+def _deployment_json(obj: Deployment) -> dict[str, Any]:
+    metadata: dict[str, Any] = {}
+    if obj.labels:
+        metadata["labels"] = {key: str(value) for key, value in obj.labels.items()}
+    if obj.annotations:
+        metadata["annotations"] = {key: str(value) for key, value in obj.annotations.items()}
+    return {"metadata": metadata, "spec": {"replicas": obj.replicas}, "status": dict(obj.status or {})}
+
+
+def _deployment_fields(body: schemas.Deployment, current: Deployment | None) -> dict[str, Any]:
+    meta = body.metadata
+    fields: dict[str, Any] = {
+        "labels": dict(meta.labels or {}),
+        "annotations": dict(meta.annotations or {}),
+        "replicas": body.spec.replicas if body.spec.replicas is not None else 1,
+    }
+    if body.status is not None:
+        fields["status"] = body.status.model_dump(exclude_none=True)
+    return fields
+
+
+def _no_admission(namespace: str, name: str, fields: Mapping[str, Any], writer: Writer) -> AbstractContextManager[None]:
+    return nullcontext()
+
+
+def _no_release(obj: Any, writer: Writer) -> AbstractContextManager[None]:
+    return nullcontext()
+
+
 @dataclass(frozen=True)
 class Kind:
     """One served resource: where it lives in the API, its store model, and its JSON both ways."""
@@ -208,6 +240,10 @@ class Kind:
     short_names: tuple[str, ...]
     _to_json: Callable[[Any], dict[str, Any]]
     _fields: Callable[[Any, Any], dict[str, Any]]
+    admitted: Callable[[str, str, Mapping[str, Any], Writer], AbstractContextManager[None]] = _no_admission
+    """admitted(namespace, name, fields, writer): around a create's write, its admission (an ApiError refuses it)."""
+    released: Callable[[Any, Writer], AbstractContextManager[None]] = _no_release
+    """released(object, writer): around a delete's write, what the object held is given back after it."""
 
     @property
     def kind(self) -> str:
@@ -232,14 +268,17 @@ class Kind:
         return f"/apis/{self.api_version}" if self.group else f"/api/{self.api_version}"
 
     def to_json(self, obj: VersionedObject) -> dict[str, Any]:
+        """The object as the API server shows it; a kind's own metadata (labels, annotations) follows the common."""
+        own = self._to_json(obj)
         metadata = {
             "name": obj.name,
             "namespace": obj.namespace,
             "uid": obj.uid,
             "resourceVersion": str(obj.resource_version),
             "creationTimestamp": rfc3339(obj.created_at),
+            **own.pop("metadata", {}),
         }
-        return {"apiVersion": self.api_version, "kind": self.kind, "metadata": metadata, **self._to_json(obj)}
+        return {"apiVersion": self.api_version, "kind": self.kind, "metadata": metadata, **own}
 
     def fields(self, body: BaseModel, current: VersionedObject | None) -> dict[str, Any]:
         """The store fields `body` asks for (FieldInvalid for a value that is not allowed)."""
@@ -247,8 +286,9 @@ class Kind:
 
 
 KINDS: tuple[Kind, ...] = (
-    Kind(Pod, schemas.Pod, ("po",), _pod_json, _pod_fields),
+    Kind(Pod, schemas.Pod, ("po",), _pod_json, _pod_fields, admitted=quota.admitted, released=quota.released),
     Kind(ResourceQuota, schemas.ResourceQuota, ("quota",), _quota_json, _quota_fields),
+    Kind(Deployment, schemas.Deployment, ("deploy",), _deployment_json, _deployment_fields),
     Kind(Lease, schemas.Lease, (), _lease_json, _lease_fields),
     Kind(Counter, schemas.Counter, ("cnt",), _counter_json, _counter_fields),
 )

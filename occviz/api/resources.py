@@ -321,13 +321,20 @@ def create(request: HttpRequest, caller: Caller, kind: Kind, namespace: str) -> 
     if problems:
         raise invalid_error(kind, kind.kind, name, problems)
     fields = _store_fields(kind, body, None, name)
+    if kind.model._default_manager.filter(namespace=namespace, name=name).exists():
+        raise _already_exists(kind, writes.AlreadyExists(kind.model, name))  # before admission charges anything
     try:
-        obj = writes.create(kind.model, {"namespace": namespace, "name": name, **fields}, caller.writer)
+        with kind.admitted(namespace, name, fields, caller.writer):
+            obj = writes.create(kind.model, {"namespace": namespace, "name": name, **fields}, caller.writer)
     except writes.AlreadyExists as error:
-        raise ApiError(
-            409, str(error), reason="AlreadyExists", details=resource_details(name, kind.group, kind.plural)
-        ) from None
+        raise _already_exists(kind, error) from None
     return object_response(kind, obj, status=201)
+
+
+def _already_exists(kind: Kind, error: writes.AlreadyExists) -> ApiError:
+    return ApiError(
+        409, str(error), reason="AlreadyExists", details=resource_details(error.name, kind.group, kind.plural)
+    )
 
 
 def replace(request: HttpRequest, caller: Caller, kind: Kind, namespace: str, name: str) -> HttpResponse:
@@ -419,7 +426,8 @@ def delete(request: HttpRequest, caller: Caller, kind: Kind, namespace: str, nam
         )
     expected, by_if_match = _expected(request, preconditions.resourceVersion)
     try:
-        deleted = writes.delete(current, caller.writer, expected_version=expected)
+        with kind.released(current, caller.writer):
+            deleted = writes.delete(current, caller.writer, expected_version=expected)
     except VersionConflict as error:
         raise _refused(kind, error, name, by_if_match) from None
     except kind.model.DoesNotExist:

@@ -118,6 +118,27 @@ class Counter(_Object):
     status: CounterStatus | None = None
 
 
+class DeploymentSpec(_Strict):
+    replicas: Int32 | None = Field(default=None, description="Desired pods (1 when left out).")
+
+
+class DeploymentStatus(_Strict):
+    observedGeneration: NonNegativeInt64 | None = None
+    replicas: Int32 | None = None
+    updatedReplicas: Int32 | None = None
+    readyReplicas: Int32 | None = None
+    availableReplicas: Int32 | None = None
+    unavailableReplicas: Int32 | None = None
+    collisionCount: Int32 | None = None
+
+
+class Deployment(_Object):
+    """apps/v1 Deployment, as far as its controllers care: labels, annotations, spec.replicas and status."""
+
+    spec: DeploymentSpec = Field(default_factory=DeploymentSpec)
+    status: DeploymentStatus | None = None
+
+
 class Preconditions(_Strict):
     resourceVersion: str | None = None
     uid: str | None = None

@@ -106,6 +106,7 @@ def test_discovery_serves_what_kubectl_reads(api_url: str) -> None:
     )
     assert groups.headers["Content-Type"] == "application/json"
     assert [g["preferredVersion"]["groupVersion"] for g in groups.json()["groups"]] == [
+        "apps/v1",
         "coordination.k8s.io/v1",
         "occviz.dev/v1",
     ]

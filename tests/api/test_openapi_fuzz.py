@@ -49,7 +49,7 @@ def test_no_request_the_document_allows_makes_a_server_error(api: requests.Sessi
 
 def test_openapi_v3_indexes_each_group_version_with_its_kinds_marked(api_url: str) -> None:
     index = requests.get(api_url + "/openapi/v3").json()["paths"]
-    assert set(index) == {"api/v1", "apis/coordination.k8s.io/v1", "apis/occviz.dev/v1"}
+    assert set(index) == {"api/v1", "apis/coordination.k8s.io/v1", "apis/occviz.dev/v1", "apis/apps/v1"}
     document = requests.get(api_url + index["apis/coordination.k8s.io/v1"]["serverRelativeURL"]).json()
     patch = document["paths"]["/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}"]["patch"]
     assert patch["x-kubernetes-group-version-kind"] == {

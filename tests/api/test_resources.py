@@ -131,12 +131,12 @@ def test_create_of_an_existing_name_is_409_already_exists(api: requests.Session)
 
 
 def test_pods_and_quotas_map_requests_hard_and_used(api: requests.Session) -> None:
-    quota = {"metadata": {"name": "gpus"}, "spec": {"hard": {"requests.nvidia.com/gpu": "1"}}}
+    quota = {"metadata": {"name": "gpus"}, "spec": {"hard": {"requests.nvidia.com/gpu": "2"}}}
     created = api.post(url(api, QUOTAS), json=quota)
     assert created.status_code == 201, created.text
     assert created.json()["kind"] == "ResourceQuota"
     assert created.json()["status"] == {
-        "hard": {"requests.nvidia.com/gpu": "1"},
+        "hard": {"requests.nvidia.com/gpu": "2"},
         "used": {"requests.nvidia.com/gpu": "0"},
     }
     pod = {
@@ -152,6 +152,8 @@ def test_pods_and_quotas_map_requests_hard_and_used(api: requests.Session) -> No
     assert made.status_code == 201, made.text
     assert made.json()["spec"]["containers"][0]["resources"]["requests"] == {"nvidia.com/gpu": "2", "cpu": "500m"}
     assert made.json()["status"] == {"phase": "Pending"}
+    charged = api.get(url(api, f"{QUOTAS}/gpus")).json()["status"]["used"]
+    assert charged == {"requests.nvidia.com/gpu": "2"}, "admission charged the quota"
     everywhere = api.get(url(api, "/api/v1/pods"))
     assert everywhere.json()["kind"] == "PodList" and len(everywhere.json()["items"]) == 1
 

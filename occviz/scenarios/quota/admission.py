@@ -1,10 +1,11 @@
 """The quota race's actors: the API server's quota admission and the quota controller.
 
-Admission, as the API server does it for each pod: read the quota, check `hard - used`,
-write the new `used` with compare-and-swap; on a conflict re-read and retry, 3 times
-(the API server's `checkQuotas` retries); past that the create fails with the conflict
-itself. The pod is stored only after its usage was charged, so a create that fails
-afterwards leaks that usage: nothing gives it back but the quota controller, which
+Admission, as the API server does it for each pod, is occviz.store.admission's `charge`
+(the HTTP API's pod creates run the same): read the quota, check `hard - used`, write the
+new `used` with compare-and-swap; on a conflict re-read and retry, 3 times (the API
+server's `checkQuotas` retries); past that the create fails with the conflict itself.
+The pod is stored only after its usage was charged, so a create that fails afterwards
+leaks that usage: nothing gives it back but the quota controller, which
 recalculates `used` from the pods that exist every resync period and repairs it with
 compare-and-swap too, retrying when an admission wrote first.
 
@@ -12,7 +13,9 @@ A recalculation that lands between a charge and its pod's write would release a 
 still in use, and let one pod too many in. The controller therefore counts the
 creates still under way as well as the pods that exist: the `ChargeLedger` lists the
 charged pods not yet stored or failed, and its snapshot waits for the charges being
-written to land, so the quota's version and the ledger it reads agree.
+written to land, so the quota's version and the ledger it reads agree. Creates and deletes
+over the API in the job's namespace are waited out instead (store.admission.recalculating),
+and their pods count among the pods that exist.
 """
 
 from __future__ import annotations
@@ -20,21 +23,21 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db import connection
+from django.db import IntegrityError, connection
 
 from occviz.jobs.recorder import EventRecorder
+from occviz.store import admission
+from occviz.store.admission import ADMISSION_RETRIES, QuotaUsage
 from occviz.store.cas import compare_and_swap
 from occviz.store.models import Pod, ResourceQuota
 
 RESOURCE = "requests.nvidia.com/gpu"
 QUOTA_NAME = "gpu-quota"
-ADMISSION_RETRIES = 3
-"""The API server's quota admission retries a conflicting status write 3 times, then fails the create."""
 CONTROLLER = 1
 """The quota controller's actor number; the admission workers follow it."""
 
@@ -43,10 +46,11 @@ _READ_QUOTA = (
     "SELECT coalesce((hard ->> %s)::bigint, 0), coalesce((used ->> %s)::bigint, 0), resource_version "
     "FROM store_resourcequota WHERE id = %s"
 )
-_STORED_PODS = "SELECT name FROM store_pod WHERE job_id = %s"
+# Every pod in the job's namespace counts, the job's and those created over the API alike.
+_STORED_PODS = "SELECT name, coalesce((requests ->> %s)::bigint, 0) FROM store_pod WHERE namespace = %s"
 
 
-def quantity(amounts: dict[str, Any] | None) -> int:
+def quantity(amounts: Mapping[str, Any] | None) -> int:
     return int((amounts or {}).get(RESOURCE, 0))
 
 
@@ -55,19 +59,8 @@ def pod_name(number: int) -> str:
 
 
 def exceeded_message(pod: str, request: int, used: int, hard: int) -> str:
-    """The API server's 403 for a pod the quota has no room for (its admission error, word for word)."""
-    return (
-        f'pods "{pod}" is forbidden: exceeded quota: {QUOTA_NAME}, requested: {RESOURCE}={request}, '
-        f"used: {RESOURCE}={used}, limited: {RESOURCE}={hard}"
-    )
-
-
-def conflict_message() -> str:
-    """What the create fails with once the quota's status write conflicted past the retries: the 409 itself."""
-    return (
-        f'Operation cannot be fulfilled on {ResourceQuota.qualified_resource()} "{QUOTA_NAME}": the object has '
-        "been modified; please apply your changes to the latest version and try again"
-    )
+    """The API server's 403 for a pod the job's quota has no room for (store.admission words it)."""
+    return admission.exceeded_message(pod, QUOTA_NAME, {RESOURCE: request}, {RESOURCE: used}, {RESOURCE: hard})
 
 
 @dataclass
@@ -209,54 +202,57 @@ class Admission:
         return act
 
     def admit(self, actor: int, number: int) -> None:
-        """One pod's create: admission with its retries, then the pod's write (or its failure)."""
+        """One pod's create: admission with its retries (store.admission.charge), then the pod's write (or failure)."""
         record = self.recorder.record
         pod = pod_name(number)
         started = time.perf_counter()
-        attempts = ADMISSION_RETRIES + 1
-        for attempt in range(1, attempts + 1):
+
+        def read(attempt: int) -> QuotaUsage:
             quota = read_quota(self.quota_id)
             record(actor, number, attempt, "read", version_read=quota.version, value_read=quota.used)
             if self.think_ms:
                 # The admission's evaluation between its read and its write: the window a rival writes in.
                 time.sleep(self.think_ms / 1000.0)
-            if quota.used + self.request > quota.hard:
-                message = exceeded_message(pod, self.request, quota.used, quota.hard)
-                record(
-                    actor,
-                    number,
-                    attempt,
-                    "denied",
-                    version_read=quota.version,
-                    value_read=quota.used,
-                    detail={"message": message, "hard": quota.hard},
-                )
-                return
-            new_used = quota.used + self.request
+            return QuotaUsage(QUOTA_NAME, {RESOURCE: quota.hard}, {RESOURCE: quota.used}, quota.version)
+
+        def write(attempt: int, quota: QuotaUsage, used: dict[str, int | float]) -> int | None:
             with self.ledger.charging():
-                version = write_used(self.quota_id, quota.version, new_used)
+                version = write_used(self.quota_id, quota.version, int(used[RESOURCE]))
                 if version is not None:
                     self.ledger.charged(pod, self.request)
-            if version is not None:
-                latency_ms = (time.perf_counter() - started) * 1000.0
-                record(
-                    actor,
-                    number,
-                    attempt,
-                    "admitted",
-                    version_read=quota.version,
-                    version_written=version,
-                    value_read=quota.used,
-                    value_written=new_used,
-                    latency_ms=latency_ms,
-                    detail={"hard": quota.hard},
-                )
-                self.create(actor, number, attempt, pod)
-                return
-            record(actor, number, attempt, "conflict", version_read=quota.version, value_read=quota.used)
-            if attempt < attempts:
-                record(actor, number, attempt, "retry", detail={"retries": ADMISSION_RETRIES})
-        record(actor, number, attempts, "retries_exhausted", detail={"message": conflict_message()})
+            if version is None:
+                record(actor, number, attempt, "conflict", version_read=quota.version, value_read=quantity(quota.used))
+                if attempt <= ADMISSION_RETRIES:
+                    record(actor, number, attempt, "retry", detail={"retries": ADMISSION_RETRIES})
+            return version
+
+        outcome = admission.charge(pod, {RESOURCE: self.request}, read, write)
+        if isinstance(outcome, admission.Denied):
+            record(
+                actor,
+                number,
+                outcome.attempt,
+                "denied",
+                version_read=outcome.quota.version,
+                value_read=quantity(outcome.quota.used),
+                detail={"message": outcome.message, "hard": quantity(outcome.quota.hard)},
+            )
+        elif isinstance(outcome, admission.RetriesExhausted):
+            record(actor, number, outcome.attempts, "retries_exhausted", detail={"message": outcome.message})
+        else:
+            record(
+                actor,
+                number,
+                outcome.attempt,
+                "admitted",
+                version_read=outcome.quota.version,
+                version_written=outcome.version,
+                value_read=quantity(outcome.quota.used),
+                value_written=quantity(outcome.used),
+                latency_ms=(time.perf_counter() - started) * 1000.0,
+                detail={"hard": quantity(outcome.quota.hard)},
+            )
+            self.create(actor, number, outcome.attempt, pod)
 
     def create(self, actor: int, number: int, attempt: int, pod: str) -> None:
         """The pod's write, after its usage was charged: it may fail, and then the charge leaks."""
@@ -268,13 +264,20 @@ class Admission:
                 actor, number, attempt, "create_failed", value_written=self.request, detail=record_failure
             )
             return
-        Pod.objects.create(
-            namespace=self.namespace,
-            name=pod,
-            requests={RESOURCE: self.request},
-            phase=Pod.Phase.PENDING,
-            job_id=self.job_id,
-        )
+        try:
+            Pod.objects.create(
+                namespace=self.namespace,
+                name=pod,
+                requests={RESOURCE: self.request},
+                phase=Pod.Phase.PENDING,
+                job_id=self.job_id,
+            )
+        except IntegrityError:
+            # A pod of that name was created over the API meanwhile: AlreadyExists, and the charge leaks.
+            self.ledger.failed(pod)
+            detail = {"units": self.request, "rate": self.failure_rate, "already_exists": True}
+            self.recorder.record(actor, number, attempt, "create_failed", value_written=self.request, detail=detail)
+            return
         actual = self.ledger.stored(pod)
         self.recorder.record(actor, number, attempt, "stored", value_written=actual)
 
@@ -308,31 +311,33 @@ class QuotaController:
 
     def _settled(self) -> bool:
         """`used` is what the pods that exist request (called once no admission is under way)."""
-        return read_quota(self.admission.quota_id).used == self.admission.request * len(self._existing())
+        return read_quota(self.admission.quota_id).used == sum(self._existing().values())
 
-    def _existing(self) -> set[str]:
+    def _existing(self) -> dict[str, int]:
+        """The pods in the namespace and what each requests."""
         with connection.cursor() as cursor:
-            cursor.execute(_STORED_PODS, [self.admission.job_id])
-            return {name for (name,) in cursor.fetchall()}
+            cursor.execute(_STORED_PODS, [RESOURCE, self.admission.namespace])
+            return {name: int(units) for name, units in cursor.fetchall()}
 
     def resync(self) -> None:
         """Recalculate `used` from the pods that exist (and those being created); repair it if it differs."""
         self.resyncs += 1
-        admission = self.admission
-        record = admission.recorder.record
+        workers = self.admission
+        record = workers.recorder.record
         attempt = 0
-        while not admission.stop.is_set():
+        while not workers.stop.is_set():
             attempt += 1
-            admitting = not admission.done.is_set()
-            with admission.ledger.snapshot() as pending:
-                quota = read_quota(admission.quota_id)
-            existing = self._existing()
-            counted = existing | set(pending)
-            used = admission.request * len(counted)
+            admitting = not workers.done.is_set()
+            # Creates over the API are waited out (recalculating), the job's own are listed (the ledger).
+            with admission.recalculating(workers.quota_id), workers.ledger.snapshot() as pending:
+                quota = read_quota(workers.quota_id)
+                existing = self._existing()
+            in_flight = {pod: units for pod, units in pending.items() if pod not in existing}
+            used = sum(existing.values()) + sum(in_flight.values())
             detail = {
                 "pods": len(existing),
-                "in_flight": len(set(pending) - existing),
-                "exists": admission.request * len(existing),
+                "in_flight": len(in_flight),
+                "exists": sum(existing.values()),
                 "admitting": admitting,
             }
             if used == quota.used:
@@ -347,7 +352,7 @@ class QuotaController:
                     detail=detail,
                 )
                 return
-            version = write_used(admission.quota_id, quota.version, used)
+            version = write_used(workers.quota_id, quota.version, used)
             if version is not None:
                 detail["released"] = quota.used - used
                 record(

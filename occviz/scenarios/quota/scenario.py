@@ -5,6 +5,11 @@ ResourceQuota by a pool of admission workers (admission.py); a set share of the 
 fail after their usage was charged, and the quota controller repairs the leak every
 resync period. The job checks that admitted usage never exceeded `hard` and that, once
 no admission was under way, a resync left `used` equal to what the pods that exist request.
+
+Pods created and deleted over the HTTP API in the job's namespace go through the same
+admission (occviz.store.admission) and contend for the same quota row: their writes to the
+quota are followed as events on a lane named after their writer, their pods count as pods
+that exist, and their charges and releases count in the admitted usage the verdict checks.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
-from django.db import connection
+from django.db import connection, transaction
 
 from occviz.scenarios.base import (
     ERROR,
@@ -29,17 +34,17 @@ from occviz.scenarios.base import (
     WholeNumberField,
     check_limit,
 )
+from occviz.scenarios.outside import Payload, outside_write
 from occviz.scenarios.quota.admission import (
-    ADMISSION_RETRIES,
     CONTROLLER,
     QUOTA_NAME,
     RESOURCE,
     Admission,
     ChargeLedger,
     QuotaController,
-    conflict_message,
     quantity,
 )
+from occviz.store.admission import ADMISSION_RETRIES, conflict_message
 from occviz.store.models import ResourceQuota
 
 if TYPE_CHECKING:
@@ -135,8 +140,43 @@ def run(context: JobContext) -> dict[str, Any]:
     seconds = params.get("seconds")
     controller = QuotaController(admission, params["resync_seconds"], until_repaired=seconds is None)
     workers = [admission.worker(CONTROLLER + n) for n in range(1, _workers(params) + 1)]
+    lanes = iter(range(_workers(params) + CONTROLLER + 1, 2**31))
+    context.on_outside_write(
+        lambda payload: record_outside_write(context, quota.pk, payload), next_actor=lanes.__next__
+    )
     context.run_actors([controller.run, *workers], time_limit_s=float(seconds or settings.OCCVIZ_MAX_SECONDS))
+    with transaction.atomic():
+        # The quota locked while the last outside writes are handed over: none lands between them and the summary's.
+        list(ResourceQuota.objects.filter(pk=quota.pk).select_for_update().values_list("pk"))
+        context.settle_outside_writes()
+    context.recorder.flush()
     return summarize(job.pk, params, ledger, context.elapsed_s, seed)
+
+
+def record_outside_write(context: JobContext, quota_id: int, payload: Payload) -> None:
+    """A write to the job's quota from outside (an API pod's admission or release, a kubectl edit), on its lane.
+
+    value_read/value_written: `used` before and after; detail.delta (after - before) is a
+    charge when positive, a release when negative: the summary counts them as admitted usage.
+    """
+    if payload.get("resource") != ResourceQuota.kind_plural or payload.get("object_id") != quota_id:
+        return
+    write = outside_write(context, payload)
+    before, after = quantity(write.before.get("used")), quantity(write.after.get("used"))
+    detail = dict(write.detail, hard=quantity(write.after.get("hard")))
+    fields: dict[str, Any] = {"version_read": write.version_read, "value_read": before}
+    if write.type == "MODIFIED":
+        detail["delta"] = after - before
+        kind = "outside_charge" if after > before else "outside_release" if after < before else "outside_write"
+        fields.update(version_written=write.version_written, value_written=after)
+    elif write.type == "CONFLICT":
+        kind = "outside_conflict"
+        fields.update(value_written=after)
+    elif write.type == "DELETED":
+        kind = "outside_deleted"
+    else:
+        return
+    context.recorder.record(write.actor, 0, 1, kind, quota_id, detail=detail, **fields)
 
 
 def _counts(job_id: int) -> dict[str, int]:
@@ -165,14 +205,44 @@ def _detail(detail: Any) -> dict[str, Any]:
 
 
 def stored(job_id: int) -> tuple[int, int]:
-    """(quota's used, what the pods that exist request), as stored now."""
-    quota = ResourceQuota.objects.filter(job_id=job_id, name=QUOTA_NAME).values_list("used", flat=True).first()
+    """(quota's used, what the pods that exist in its namespace request, the job's and the API's), as stored now."""
+    quota = ResourceQuota.objects.filter(job_id=job_id, name=QUOTA_NAME).values_list("used", "namespace").first()
+    used, namespace = quota if quota is not None else (None, f"job-{job_id}")
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT coalesce(sum((requests ->> %s)::bigint), 0) FROM store_pod WHERE job_id = %s", [RESOURCE, job_id]
+            "SELECT coalesce(sum((requests ->> %s)::bigint), 0) FROM store_pod WHERE namespace = %s",
+            [RESOURCE, namespace],
         )
         actual = int(cursor.fetchone()[0])
-    return quantity(quota), actual
+    return quantity(used), actual
+
+
+def peak_admitted(job_id: int) -> int:
+    """The most usage admitted pods held at once, the job's and the API's, in the order of the quota's versions.
+
+    Every charge and release is a write of the quota, so its version orders them all, whenever
+    the outside ones were handed to the job. A charge whose pod's create failed is left out (it
+    never held anything); a resync's write is neither.
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT kind, op, version_written, value_read, value_written, detail FROM jobs_event "
+            "WHERE job_id = %s AND kind IN ('admitted', 'create_failed', 'outside_charge', 'outside_release')",
+            [job_id],
+        )
+        rows = cursor.fetchall()
+    failed = {op for kind, op, *_ in rows if kind == "create_failed"}
+    changes = []
+    for kind, op, version, before, after, detail in rows:
+        if kind == "admitted" and op not in failed:
+            changes.append((int(version), int(after) - int(before)))
+        elif kind.startswith("outside_"):
+            changes.append((int(version), int(_detail(detail)["delta"])))
+    held = peak = 0
+    for _, delta in sorted(changes):
+        held += delta
+        peak = max(peak, held)
+    return peak
 
 
 def summarize(
@@ -189,15 +259,22 @@ def summarize(
     # A resync with nothing under way: the one check of `used` against what exists that must hold exactly.
     quiet = [resync for resync in resyncs if not resync["admitting"] and not resync["in_flight"]]
     quiet_wrong = [resync for resync in quiet if resync["used_after"] != resync["exists"]]
-    over_admitted = max(ledger.over_admitted, actual_final - hard, 0)
+    most_held = max(ledger.most_held, peak_admitted(job_id))
+    over_admitted = max(ledger.over_admitted, most_held - hard, actual_final - hard, 0)
+    outside_admitted, outside_released = counts.get("outside_charge", 0), counts.get("outside_release", 0)
     denied_exceeded = counts.get("denied", 0)
     denied_conflicts = counts.get("retries_exhausted", 0)
     ends_settled = bool(quiet) and gap == 0
     parts = []
+    counting = (
+        f", counting {outside_admitted} admitted and {outside_released} released from outside"
+        if outside_admitted or outside_released
+        else ""
+    )
     if over_admitted:
-        parts.append(f"admitted usage reached {ledger.most_held} of hard {hard}: {over_admitted} over")
+        parts.append(f"admitted usage reached {most_held} of hard {hard}{counting}: {over_admitted} over")
     else:
-        parts.append(f"admitted usage never exceeded hard {hard} (at most {ledger.most_held})")
+        parts.append(f"admitted usage never exceeded hard {hard} (at most {most_held}{counting})")
     if quiet_wrong:
         wrong = quiet_wrong[0]
         parts.append(
@@ -234,7 +311,11 @@ def summarize(
         "resync_conflicts": counts.get("resync_conflict", 0),
         "used_final": used_final,
         "actual_final": actual_final,
-        "most_admitted_usage": ledger.most_held,
+        "most_admitted_usage": most_held,
+        "outside_admitted": outside_admitted,
+        "outside_released": outside_released,
+        "outside_conflicts": counts.get("outside_conflict", 0),
+        "outside_writes": sum(counts.get(kind, 0) for kind in _OUTSIDE_WRITES),
         "over_admitted": over_admitted,
         "settled": ends_settled,
         "errors": counts.get("error", 0),
@@ -278,7 +359,8 @@ def read_state(job_id: int, params: Mapping[str, Any]) -> State:
     return State(data, {"used": used, "actual": actual, "gap": used - actual})
 
 
-_QUOTA_409 = f"409 Conflict: {conflict_message()}"
+_QUOTA_409 = f"409 Conflict: {conflict_message(QUOTA_NAME)}"
+_OUTSIDE_WRITES = ("outside_charge", "outside_release", "outside_write")
 _DENIED_403 = "403 Forbidden: {detail.message}"
 
 
@@ -389,6 +471,54 @@ class QuotaRace(Scenario):
             "cross",
             explain=_QUOTA_409,
         ),
+        EventKind(
+            "outside_charge",
+            "admitted from outside",
+            (
+                "{detail.writer} via {detail.via_words}: a pod admitted, charged used {value_read} → {value_written} "
+                "of {detail.hard} (v{version_written})",
+            ),
+            "#0f766e",
+            "dot",
+        ),
+        EventKind(
+            "outside_release",
+            "released from outside",
+            (
+                "{detail.writer} via {detail.via_words}: a pod deleted, released used {value_read} → {value_written} "
+                "(v{version_written})",
+            ),
+            "#5eead4",
+            "dot",
+        ),
+        EventKind(
+            "outside_write",
+            "outside write",
+            (
+                "{detail.writer} via {detail.via_words}: {detail.blind} write of the quota v{version_written} "
+                "(used {value_written})",
+                "{detail.writer} via {detail.via_words}: wrote the quota v{version_written} (used {value_written})",
+            ),
+            "#0f766e",
+            "tick",
+            ring_when="blind",
+            ring_label="blind write (no resourceVersion)",
+        ),
+        EventKind(
+            "outside_conflict",
+            "outside conflict (409)",
+            ("{detail.writer} via {detail.via_words}: conflict, had v{version_read}, stored v{detail.stored_version}",),
+            "#d62828",
+            "cross",
+            explain=_QUOTA_409,
+        ),
+        EventKind(
+            "outside_deleted",
+            "quota deleted from outside",
+            ("{detail.writer} via {detail.via_words}: deleted the quota at v{version_read}",),
+            "#7a1010",
+            "square",
+        ),
         ERROR,
     )
     figures = (
@@ -399,6 +529,8 @@ class QuotaRace(Scenario):
         Figure("create_failures", "failed creates", count=("create_failed",)),
         Figure("stored_pods", "pods stored", count=("stored",)),
         Figure("resyncs", "resyncs", count=("resync", "resync_in_sync")),
+        Figure("outside_admitted", "admitted from outside", count=("outside_charge",)),
+        Figure("outside_conflicts", "outside conflicts (409)", count=("outside_conflict",), shown=False),
         Figure("used", "used (charged)", from_state=True),
         Figure("actual", "actually used", from_state=True),
         Figure("gap", "leaked or in flight", from_state=True, alarm=True),
