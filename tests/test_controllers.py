@@ -198,3 +198,85 @@ def test_the_job_page_shows_the_deployment_and_the_controllers(signed_in: Client
     assert 'data-controller="1"' in html and 'data-controller="2"' in html
     assert "status.observedGeneration" in html and "spec.replicas" in html
     assert "Invariant holds" in html
+
+
+# -- a student's edits during the job ---------------------------------------------------------------
+
+
+def test_outside_writes_during_an_occ_job_are_followed_and_the_verdict_holds() -> None:
+    """`kubectl edit` of the Deployment while A and B reconcile it: versions of the history on the student's lane.
+
+    The student sets spec.replicas (B's field) three times from the version just read (retrying
+    a 409 as kubectl's user would), and once sends a stale replace that is refused.
+    """
+    import threading
+    import time
+
+    from occviz.store import writes
+    from occviz.store.models import VersionConflict
+
+    student = writes.Writer("api", "student (token laptop)")
+    job = create_job(
+        "controllers", {"strategy": "occ", "controllers": 2, "rate_per_s": 40, "think_ms": 5, "seconds": 3}
+    )
+    done: dict[str, Any] = {"commits": 0, "refused": 0, "error": None}
+
+    def edit() -> None:
+        from django.db import connection
+
+        try:
+            deadline = time.monotonic() + 20
+            while not Job.objects.filter(pk=job.pk, status=Job.Status.RUNNING).exists():
+                assert time.monotonic() < deadline
+                time.sleep(0.005)
+            time.sleep(0.5)  # B has written replicas by now
+            stale = Deployment.objects.get(job=job)
+            for n in range(3):
+                while True:
+                    current = Deployment.objects.get(job=job)
+                    try:
+                        writes.update(
+                            current, {"replicas": 900 + n}, student, expected_version=current.resource_version
+                        )
+                        break
+                    except VersionConflict:
+                        done["refused"] += 1
+                done["commits"] += 1
+                time.sleep(0.4)
+            try:
+                writes.update(stale, {"replicas": 1}, student, expected_version=stale.resource_version)
+            except VersionConflict:
+                done["refused"] += 1
+        except BaseException as error:  # reported by the test
+            done["error"] = error
+        finally:
+            connection.close()
+
+    editor = threading.Thread(target=edit)
+    editor.start()
+    job = run_job(job.pk)
+    editor.join(30)
+    assert done["error"] is None, done["error"]
+    summary = job.summary
+    assert job.status == Job.Status.SUCCEEDED, job.error
+    assert summary is not None
+
+    assert summary["invariant_ok"] is True, summary["invariant"]
+    assert summary["outside_writes"] == done["commits"] == 3
+    assert summary["outside_conflicts"] == done["refused"] >= 1
+    # Each edit changed B's latest write: erased from outside, not by the other controller.
+    assert summary["erased_from_outside"] == 3 and summary["lost_fields"] == 0
+    assert summary["per_controller"][1]["erased_from_outside"] == 3
+    assert "3 write(s) from outside followed, erasing 3 controller write(s)" in summary["invariant"]
+    version, _ = stored_values(job, 2)
+    assert version - 1 == summary["writes"] + 3, "every version is a controller's write or the student's"
+    lane = "api: student (token laptop)"
+    erased = Event.objects.filter(job=job, kind="outside_erased")
+    assert [(e.detail["lane"], e.detail["victim"], e.value_written) for e in erased.order_by("seq")] == [
+        (lane, "controller B", 900 + n) for n in range(3)
+    ]
+    followed = Event.objects.filter(job=job, kind="outside_write")
+    assert {e.detail["lane"] for e in followed} == {lane}
+    assert all(e.detail["changed"] == "spec.replicas" for e in followed)
+    # B re-applied its own value after the last edit: its last write is on the object.
+    assert summary["per_controller"][1]["last_write_present"] is True

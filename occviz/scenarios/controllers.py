@@ -13,8 +13,12 @@ wrote meanwhile is silently erased.
 erased which: an `erased` event. A write is lost when another controller's write
 changes its field before its owner writes that field again. At the end the job checks
 that the replayed history is the stored object, and with `occ` that every
-controller's last write is on it and none was erased. Writes to the Deployment from
-outside the job (the admin) are not followed: the verdict says they happened.
+controller's last write is on it and none was erased.
+
+Writes to the Deployment from outside the job (a student's `kubectl edit` or `replace`,
+the admin) are followed: each is a version of the history on a lane named after its
+writer, and a controller's field it changes is counted as erased from outside, apart
+from what the controllers erased of one another.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from django import forms
-from django.db import connection
+from django.db import connection, transaction
 
 from occviz.concurrency.retry import PRESETS, make_policy
 from occviz.concurrency.strategies import RETRY, Writer, connected, with_retries
@@ -44,6 +48,7 @@ from occviz.scenarios.base import (
     WholeNumberField,
     check_limit,
 )
+from occviz.scenarios.outside import Payload, outside_write
 from occviz.store.cas import swap_for
 from occviz.store.models import Deployment
 
@@ -57,6 +62,8 @@ MAX_RATE_PER_S = 200
 MAX_THINK_MS = 1000
 OBJECT_NAME = "web"
 STRATEGIES = ("occ", "none")
+UNREADABLE = -1
+"""An owned field's value when it is missing or not a number: an outside write put it so (no reconcile number is)."""
 
 
 @dataclass(frozen=True)
@@ -70,7 +77,10 @@ class OwnedField:
 
     def get(self, content: Mapping[str, Any]) -> int:
         # Labels and annotations are strings in Kubernetes; the value is the controller's reconcile number.
-        return int(content[self.column][self.key] if self.key else content[self.column])
+        try:
+            return int(content[self.column][self.key] if self.key else content[self.column])
+        except (KeyError, TypeError, ValueError):
+            return UNREADABLE
 
     def put(self, content: dict[str, Any], value: int) -> None:
         if not self.key:
@@ -201,6 +211,7 @@ class History:
         self.acknowledged = [{} for _ in self.values]
 
     def acknowledge(self, actor: int, op: int, version_read: int, version: int, values: tuple[int, ...]) -> None:
+        """A write at `version` that left the fields at `values`: a controller's (actor 1..n) or an outside lane's."""
         with self._lock:
             self._pending[version] = _Write(actor, op, version_read, version, values)
             while self.version + 1 in self._pending:
@@ -224,8 +235,13 @@ class History:
     def lost_of(self, actor: int) -> int:
         return sum(1 for erasure in self.lost if erasure.victim == actor)
 
+    def by_outside_lane(self, actor: int) -> bool:
+        """A write from outside the job: its lane follows the controllers'."""
+        return actor > len(self.values)
+
     def _apply(self, write: _Write) -> None:
-        self.acknowledged[write.actor - 1][write.values[write.actor - 1]] = write.version
+        if not self.by_outside_lane(write.actor):
+            self.acknowledged[write.actor - 1][write.values[write.actor - 1]] = write.version
         for index, value in enumerate(write.values):
             owner = index + 1
             if owner == write.actor:
@@ -266,13 +282,19 @@ def initial_content(controllers: int) -> dict[str, Any]:
     return content
 
 
-def _recorder_of_erasures(recorder: EventRecorder, row: int) -> Callable[[Erasure], None]:
+def _recorder_of_erasures(
+    recorder: EventRecorder, row: int, controllers: int, lanes: Mapping[str, int]
+) -> Callable[[Erasure], None]:
+    """Each lost write as an `erased` event, or `outside_erased` on the lane of the outside writer who erased it."""
+
     def record(erasure: Erasure) -> None:
+        outside = erasure.eraser > controllers
+        lane = next((name for name, number in lanes.items() if number == erasure.eraser), "") if outside else ""
         recorder.record(
             erasure.eraser,
             erasure.op,
             1,
-            "erased",
+            "outside_erased" if outside else "erased",
             row,
             version_read=erasure.version_read,
             version_written=erasure.version,
@@ -283,10 +305,48 @@ def _recorder_of_erasures(recorder: EventRecorder, row: int) -> Callable[[Erasur
                 "victim_actor": erasure.victim,
                 "field": FIELDS[erasure.victim - 1].path,
                 "set_at": erasure.set_at,
+                **({"lane": lane} if lane else {}),
             },
         )
 
     return record
+
+
+def record_outside_write(context: JobContext, row: int, history: History, payload: Payload) -> None:
+    """A write to the job's Deployment from outside (kubectl, the admin): a version of the history, on its lane.
+
+    Its values go into the history like a controller's write, so a controller's field it
+    changes is erased from outside (an `outside_erased` event), and the replay stays exact.
+    """
+    if payload.get("resource") != Deployment.kind_plural or payload.get("object_id") != row:
+        return
+    write = outside_write(context, payload)
+    count = len(history.values)
+    before = [owned.get(write.before) for owned in FIELDS[:count]]
+    after = tuple(owned.get(write.after) for owned in FIELDS[:count])
+    detail = dict(write.detail)
+    if write.type == "MODIFIED" and write.version_written is not None:
+        changed = [FIELDS[i].path for i in range(count) if before[i] != after[i]]
+        detail["changed"] = ", ".join(changed) if changed else "no controller's field"
+        context.recorder.record(
+            write.actor,
+            0,
+            1,
+            "outside_write",
+            row,
+            version_read=write.version_read,
+            version_written=write.version_written,
+            detail=detail,
+        )
+        history.acknowledge(write.actor, 0, write.version_read or 0, write.version_written, after)
+    elif write.type == "CONFLICT":
+        context.recorder.record(
+            write.actor, 0, 1, "outside_conflict", row, version_read=write.version_read, detail=detail
+        )
+    elif write.type == "DELETED":
+        context.recorder.record(
+            write.actor, 0, 1, "outside_deleted", row, version_read=write.version_read, detail=detail
+        )
 
 
 @dataclass
@@ -382,7 +442,11 @@ def run(context: JobContext) -> dict[str, Any]:
     history = History(
         deployment.resource_version,
         [owned.get(content) for owned in FIELDS[:count]],
-        on_erased=_recorder_of_erasures(context.recorder, deployment.pk),
+        on_erased=_recorder_of_erasures(context.recorder, deployment.pk, count, context.outside_lanes),
+    )
+    lanes = iter(range(count + 1, 2**31))
+    context.on_outside_write(
+        lambda payload: record_outside_write(context, deployment.pk, history, payload), next_actor=lanes.__next__
     )
     policy = make_policy(params["retry"], params.get("max_attempts"))
     seed = params["seed"] if params.get("seed") is not None else random.randrange(2**32)
@@ -412,6 +476,11 @@ def run(context: JobContext) -> dict[str, Any]:
         _running[job.pk] = history
     try:
         context.run_actors([controller_actor(n) for n in range(1, count + 1)], time_limit_s=seconds)
+        with transaction.atomic():
+            # The object locked while the last outside writes are handed over: the history then ends where it does.
+            list(Deployment.objects.filter(pk=deployment.pk).select_for_update().values_list("pk"))
+            context.settle_outside_writes()
+        context.recorder.flush()
     finally:
         with _running_lock:
             _running.pop(job.pk, None)
@@ -448,7 +517,9 @@ def summarize(
         latency = cursor.fetchone()[0] or [None, None, None]
     count = int(params["controllers"])
     writes = int(by_kind.get("committed", 0))
-    erased = int(by_kind.get("erased", 0))
+    outside_writes = int(by_kind.get("outside_write", 0))
+    erased = int(by_kind.get("erased", 0)) + int(by_kind.get("outside_erased", 0))
+    from_outside = [erasure for erasure in history.lost if history.by_outside_lane(erasure.eraser)]
     final_version, content = _stored(row)
     on_object = [owned.get(content) for owned in FIELDS[:count]]
 
@@ -457,7 +528,9 @@ def summarize(
     for number in range(1, count + 1):
         value, version = last.get(number, (None, None))
         present = value is None or on_object[number - 1] == value
-        if not present:
+        # A last write that an outside writer changed afterwards is gone by their hand, not the controllers'.
+        taken = any(e.victim == number and e.set_at == version for e in from_outside)
+        if not present and not taken:
             missing.append(controller_name(number))
         per_controller.append(
             {
@@ -469,38 +542,46 @@ def summarize(
                 "on_object": on_object[number - 1],
                 "last_write_present": present,
                 "lost": history.lost_of(number),
+                "erased_from_outside": sum(1 for erasure in from_outside if erasure.victim == number),
             }
         )
 
     # Every version after the first is one acknowledged write, and replaying them gives the stored object.
     problems = []
-    if final_version - 1 != writes:
-        # The admin (or another writer) wrote the object meanwhile: this scenario does not follow such writes.
+    followed = writes + outside_writes
+    if final_version - 1 != followed:
+        # Written after the job stopped following outside writes (or by a writer the store does not log).
         problems.append(
-            f"the object is at v{final_version} but the job acknowledged {writes} writes: "
-            f"{final_version - 1 - writes} writes came from outside the job, which it does not account for"
+            f"the object is at v{final_version} but the job followed {followed} writes: "
+            f"{final_version - 1 - followed} writes it did not see"
         )
     if history.waiting or history.version != final_version or history.values != on_object:
-        problems.append(f"replaying the {writes} acknowledged writes does not give the stored object v{final_version}")
+        problems.append(f"replaying the {followed} followed writes does not give the stored object v{final_version}")
     if erased != len(history.lost):
         problems.append(f"{erased} erased events stored for {len(history.lost)} lost writes")
     strategy = params["strategy"]
-    lost = len(history.lost)
+    lost = len(history.lost) - len(from_outside)
+    outside = ""
+    if outside_writes:
+        by_lane = "" if not from_outside else f", erasing {len(from_outside)} controller write(s)"
+        outside = f"; {outside_writes} write(s) from outside followed{by_lane}"
     if problems:
         ok, verdict = False, "; ".join(problems)
     elif strategy == "occ":
         ok = lost == 0 and not missing
         verdict = (
-            f"every controller's last write is on the object (v{final_version}) and none of the {writes} "
-            f"acknowledged writes was erased; {int(by_kind.get('conflict', 0))} conflicts were re-read and re-applied"
+            f"every controller's last write is on the object (v{final_version}) unless erased from outside, and none "
+            f"of the {writes} acknowledged writes was erased by another controller; "
+            f"{int(by_kind.get('conflict', 0))} conflicts were re-read and re-applied{outside}"
             if ok
-            else f"{lost} acknowledged writes erased; last write missing for {', '.join(missing) or 'none'}"
+            else f"{lost} acknowledged writes erased; last write missing for {', '.join(missing) or 'none'}{outside}"
         )
     else:
         ok = True
         verdict = (
             f"{writes} blind writes, {lost} acknowledged fields erased, counted exactly (replaying the writes gives "
             f"the stored object v{final_version}); last write missing at the end for {', '.join(missing) or 'none'}"
+            f"{outside}"
         )
     return {
         "strategy": strategy,
@@ -516,6 +597,9 @@ def summarize(
         "gave_up": int(by_kind.get("gave_up", 0)),
         "errors": int(by_kind.get("error", 0)),
         "lost_fields": lost,
+        "outside_writes": outside_writes,
+        "outside_conflicts": int(by_kind.get("outside_conflict", 0)),
+        "erased_from_outside": len(from_outside),
         "per_controller": per_controller,
         "object_version": final_version,
         "object": content,
@@ -638,6 +722,45 @@ class Controllers(Scenario):
             "#b5179e",
             "star",
         ),
+        EventKind(
+            "outside_write",
+            "outside write",
+            (
+                "{detail.writer} via {detail.via_words}: {detail.blind} write v{version_written}, "
+                "changing {detail.changed}",
+                "{detail.writer} via {detail.via_words}: wrote v{version_read} → v{version_written}, "
+                "changing {detail.changed}",
+            ),
+            "#0f766e",
+            "dot",
+            ring_when="blind",
+            ring_label="blind write (no resourceVersion)",
+        ),
+        EventKind(
+            "outside_erased",
+            "erased from outside",
+            (
+                "{who}'s write v{version_written} erased {detail.victim}'s {detail.field} = {value_read} "
+                "(set at v{detail.set_at}): now {value_written}",
+            ),
+            "#7c3aed",
+            "star",
+        ),
+        EventKind(
+            "outside_conflict",
+            "outside conflict (409)",
+            ("{detail.writer} via {detail.via_words}: conflict, had v{version_read}, stored v{detail.stored_version}",),
+            "#d62828",
+            "cross",
+            explain=_CONFLICT_409,
+        ),
+        EventKind(
+            "outside_deleted",
+            "deleted from outside",
+            ("{detail.writer} via {detail.via_words}: deleted the Deployment at v{version_read}",),
+            "#7a1010",
+            "square",
+        ),
         ERROR,
     )
     figures = (
@@ -646,6 +769,8 @@ class Controllers(Scenario):
         Figure("retries", "retries", count=("retry",)),
         Figure("gave_up", "gave up", count=("gave_up",)),
         Figure("lost_fields", "fields erased", count=("erased",), alarm=True),
+        Figure("outside_writes", "outside writes", count=("outside_write",)),
+        Figure("erased_from_outside", "erased from outside", count=("outside_erased",)),
         Figure("errors", "errors", count=("error",), shown=False),
         Figure("writes_per_s", "writes/s", per_second=("committed",)),
         Figure("latency_ms", "latency p50 / p95 / p99 (ms)", percentiles=("committed",)),
