@@ -8,12 +8,12 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import pytest
 from django.contrib.auth.models import User
-from django.db import connection
 from django.test import Client
+
+from tests.servers import child_database_url
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -45,11 +45,7 @@ def in_memory_channel_layer(settings: Any) -> None:
 @pytest.fixture
 def database_url(transactional_db: None) -> str:
     """A DATABASE_URL for the test database, for subprocesses (runjob, db_worker, daphne)."""
-    params = connection.settings_dict
-    host = params["HOST"] or "127.0.0.1"
-    if host.startswith("/"):
-        return f"postgresql://{params['USER']}@/{params['NAME']}?host={quote(host)}"
-    return f"postgresql://{params['USER']}:{params['PASSWORD']}@{host}:{params['PORT'] or 5432}/{params['NAME']}"
+    return child_database_url()
 
 
 def manage(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:

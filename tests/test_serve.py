@@ -29,12 +29,7 @@ import pytest
 
 from occviz.supervisor import AlreadyServing, ServeLock, Supervisor
 from tests.conftest import ROOT, manage
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+from tests.servers import free_port
 
 
 def wait_until[T](probe: Callable[[], T], timeout: float, what: str, every: float = 0.05) -> tuple[T, float]:

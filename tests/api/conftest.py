@@ -7,32 +7,19 @@ servers see them), and the database is emptied between tests under the running s
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import pytest
 import requests
 from django.contrib.auth.models import User
-from django.db import connection
 
 from occviz.api.models import ApiToken
-from tests.browser.conftest import _free_port, _stop, _wait_for_port
+from tests.servers import child_database_url, served_app
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 PASSWORD = "correct horse battery staple"
-
-
-def _database_url() -> str:
-    params = connection.settings_dict
-    host = params["HOST"] or "127.0.0.1"
-    if host.startswith("/"):
-        return f"postgresql://{params['USER']}@/{params['NAME']}?host={quote(host)}"
-    return f"postgresql://{params['USER']}:{params['PASSWORD']}@{host}:{params['PORT'] or 5432}/{params['NAME']}"
 
 
 @pytest.fixture(scope="module")
@@ -41,33 +28,9 @@ def api_server(
 ) -> Iterator[str]:
     """The base URL of Daphne serving occviz on the test database, with one db_worker running jobs."""
     with django_db_blocker.unblock():
-        database_url = _database_url()
-    logs_dir = tmp_path_factory.mktemp("api-servers")
-    port = _free_port()
-    env = {**os.environ, "DATABASE_URL": database_url, "DEBUG": "false", "PYTHONUNBUFFERED": "1"}
-    logs = {name: (logs_dir / f"{name}.log").open("wb") for name in ("daphne", "worker")}
-    daphne = subprocess.Popen(
-        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "occviz.asgi:application"],
-        cwd=ROOT,
-        env=env,
-        stdout=logs["daphne"],
-        stderr=subprocess.STDOUT,
-    )
-    worker = subprocess.Popen(
-        [sys.executable, "manage.py", "db_worker", "--interval", "0.1", "--no-startup-delay"],
-        cwd=ROOT,
-        env=env,
-        stdout=logs["worker"],
-        stderr=subprocess.STDOUT,
-    )
-    try:
-        _wait_for_port(port, daphne)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        _stop(worker)
-        _stop(daphne)
-        for log in logs.values():
-            log.close()
+        database_url = child_database_url()
+    with served_app(database_url, tmp_path_factory.mktemp("api-servers")) as url:
+        yield url
 
 
 @pytest.fixture

@@ -18,7 +18,8 @@ from occviz import tls
 from tests.api import tls_fixtures
 from tests.api.tls_fixtures import TlsServer, https_get, served_fingerprint
 from tests.conftest import manage
-from tests.test_serve import Served, free_port, serve_environment
+from tests.servers import free_port
+from tests.test_serve import Served, serve_environment
 
 # Fixtures are found by name in the module (tests/api/conftest.py is the API's own).
 start_tls_server = tls_fixtures.start_tls_server

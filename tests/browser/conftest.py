@@ -7,10 +7,6 @@ be: Daphne for HTTP and the websockets, `manage.py db_worker` for the jobs.
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,69 +14,19 @@ import pytest
 from django.contrib.auth.models import User
 from playwright.sync_api import Browser, Page, sync_playwright
 
+from tests.servers import served_app
+
 ROOT = Path(__file__).resolve().parent.parent.parent
 ARTIFACTS = ROOT / "artifacts"
 CHROMIUM = "/usr/bin/chromium"
 PASSWORD = "correct horse battery staple"  # the teacher fixture's
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _wait_for_port(port: int, process: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"daphne exited with {process.returncode}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                return
-        except OSError:
-            time.sleep(0.1)
-    raise TimeoutError(f"nothing listening on 127.0.0.1:{port} after {timeout} s")
-
-
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
 @pytest.fixture
 def app_url(database_url: str, tmp_path: Path) -> Iterator[str]:
     """The base URL of Daphne serving occviz on the test database, with one db_worker running jobs."""
-    port = _free_port()
-    env = {**os.environ, "DATABASE_URL": database_url, "DEBUG": "false", "PYTHONUNBUFFERED": "1"}
-    logs = {name: (tmp_path / f"{name}.log").open("wb") for name in ("daphne", "worker")}
-    daphne = subprocess.Popen(
-        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "occviz.asgi:application"],
-        cwd=ROOT,
-        env=env,
-        stdout=logs["daphne"],
-        stderr=subprocess.STDOUT,
-    )
-    worker = subprocess.Popen(
-        [sys.executable, "manage.py", "db_worker", "--interval", "0.1", "--no-startup-delay"],
-        cwd=ROOT,
-        env=env,
-        stdout=logs["worker"],
-        stderr=subprocess.STDOUT,
-    )
-    try:
-        _wait_for_port(port, daphne)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        _stop(worker)
-        _stop(daphne)
-        for log in logs.values():
-            log.close()
+    with served_app(database_url, tmp_path) as url:
+        yield url
 
 
 # Module scope, not session: Playwright's sync API keeps an event loop running in this
