@@ -48,7 +48,7 @@ from occviz.scenarios.base import (
     WholeNumberField,
     check_limit,
 )
-from occviz.scenarios.outside import Payload, outside_write
+from occviz.scenarios.outside import Payload, outside_conflict_kind, outside_deleted_kind, outside_write
 from occviz.store.cas import swap_for
 from occviz.store.models import Deployment
 
@@ -746,21 +746,8 @@ class Controllers(Scenario):
             "#7c3aed",
             "star",
         ),
-        EventKind(
-            "outside_conflict",
-            "outside conflict (409)",
-            ("{detail.writer} via {detail.via_words}: conflict, had v{version_read}, stored v{detail.stored_version}",),
-            "#d62828",
-            "cross",
-            explain=_CONFLICT_409,
-        ),
-        EventKind(
-            "outside_deleted",
-            "deleted from outside",
-            ("{detail.writer} via {detail.via_words}: deleted the Deployment at v{version_read}",),
-            "#7a1010",
-            "square",
-        ),
+        outside_conflict_kind(_CONFLICT_409),
+        outside_deleted_kind("the Deployment"),
         ERROR,
     )
     figures = (

@@ -35,7 +35,7 @@ from occviz.scenarios.base import (
     WholeNumberField,
     check_limit,
 )
-from occviz.scenarios.outside import outside_write
+from occviz.scenarios.outside import outside_conflict_kind, outside_deleted_kind, outside_write
 from occviz.store.models import Counter
 
 if TYPE_CHECKING:
@@ -496,21 +496,8 @@ class CounterRace(Scenario):
             ring_when="blind",
             ring_label="blind write (no resourceVersion)",
         ),
-        EventKind(
-            "outside_conflict",
-            "outside conflict (409)",
-            ("{detail.writer} via {detail.via_words}: conflict, had v{version_read}, stored v{detail.stored_version}",),
-            "#d62828",
-            "cross",
-            explain=_OUTSIDE_409,
-        ),
-        EventKind(
-            "outside_deleted",
-            "deleted from outside",
-            ("{detail.writer} via {detail.via_words}: deleted {detail.name} at v{version_read}",),
-            "#7a1010",
-            "square",
-        ),
+        outside_conflict_kind(_OUTSIDE_409),
+        outside_deleted_kind("{detail.name}"),
         ERROR,
     )
     figures = (

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from django.utils import timezone
 
+from occviz.scenarios.base import EventKind
 from occviz.store.models import Change
 
 if TYPE_CHECKING:
@@ -99,3 +100,26 @@ def written_at(payload: Payload) -> str:
     """When the write was stored, by the server's clock (its Change's time), as ISO text."""
     at = Change.objects.filter(pk=int(payload.get("change") or 0)).values_list("at", flat=True).first()
     return (at or timezone.now()).isoformat()  # a Change pruned already: it was stored just now
+
+
+def outside_conflict_kind(explain: str) -> EventKind:
+    """An outside writer's 409: it had read a version that was no longer the stored one."""
+    return EventKind(
+        "outside_conflict",
+        "outside conflict (409)",
+        ("{detail.writer} via {detail.via_words}: conflict, had v{version_read}, stored v{detail.stored_version}",),
+        "#d62828",
+        "cross",
+        explain=explain,
+    )
+
+
+def outside_deleted_kind(what: str, label: str = "deleted from outside") -> EventKind:
+    """One of the job's objects deleted from outside: `what` names it in the sentence ("the quota")."""
+    return EventKind(
+        "outside_deleted",
+        label,
+        (f"{{detail.writer}} via {{detail.via_words}}: deleted {what} at v{{version_read}}",),
+        "#7a1010",
+        "square",
+    )

@@ -34,7 +34,7 @@ from occviz.scenarios.base import (
     WholeNumberField,
     check_limit,
 )
-from occviz.scenarios.outside import Payload, outside_write
+from occviz.scenarios.outside import Payload, outside_conflict_kind, outside_deleted_kind, outside_write
 from occviz.scenarios.quota.admission import (
     CONTROLLER,
     QUOTA_NAME,
@@ -504,21 +504,8 @@ class QuotaRace(Scenario):
             ring_when="blind",
             ring_label="blind write (no resourceVersion)",
         ),
-        EventKind(
-            "outside_conflict",
-            "outside conflict (409)",
-            ("{detail.writer} via {detail.via_words}: conflict, had v{version_read}, stored v{detail.stored_version}",),
-            "#d62828",
-            "cross",
-            explain=_QUOTA_409,
-        ),
-        EventKind(
-            "outside_deleted",
-            "quota deleted from outside",
-            ("{detail.writer} via {detail.via_words}: deleted the quota at v{version_read}",),
-            "#7a1010",
-            "square",
-        ),
+        outside_conflict_kind(_QUOTA_409),
+        outside_deleted_kind("the quota", "quota deleted from outside"),
         ERROR,
     )
     figures = (
