@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import html
 import re
+import threading
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
 from django.contrib.messages import get_messages
 from django.core import signing
+from django.db import connection
+from django.db.models.signals import pre_save
 from django.test import Client
 from django.utils import timezone
 
@@ -342,6 +345,37 @@ def test_add_goes_through_writes_create(editor: Client) -> None:
     counter = Counter.objects.get(name="new")
     assert (counter.value, counter.resource_version) == (3, 1)
     assert Change.objects.get().type == "ADDED"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_add_whose_name_another_writer_took_meanwhile_writes_nothing(editor: Client) -> None:
+    taken = threading.Event()
+
+    def store_and_close(name: str, value: int) -> None:
+        try:
+            Counter.objects.create(name=name, value=value)
+        finally:
+            connection.close()
+
+    def take_the_name(sender: Any, instance: Counter, **kwargs: Any) -> None:
+        # Another writer, on its own connection, stores the name after the form found it free.
+        if instance.value == 3 and not taken.is_set():
+            taken.set()
+            thief = threading.Thread(target=store_and_close, args=("new", 7))
+            thief.start()
+            thief.join()
+
+    pre_save.connect(take_the_name, sender=Counter)
+    try:
+        response = editor.post("/admin/store/counter/add/", {"namespace": "default", "name": "new", "value": "3"})
+    finally:
+        pre_save.disconnect(take_the_name, sender=Counter)
+    assert response.status_code == 302
+    assert [str(m) for m in get_messages(response.wsgi_request)] == [
+        'counters.occviz.dev "new" already exists: nothing was written.'
+    ]
+    assert list(Counter.objects.values_list("name", "value")) == [("new", 7)]
+    assert not Change.objects.exists()
 
 
 def test_the_lists_show_the_version_and_search_and_filter(editor: Client) -> None:

@@ -42,7 +42,7 @@ from occviz.store.models import (
     VersionConflict,
     VersionedObject,
 )
-from occviz.store.writes import Writer
+from occviz.store.writes import AlreadyExists, Writer
 
 _SALT = "occviz.store.admin.loaded"
 _MINE_SALT = "occviz.store.admin.mine"
@@ -257,7 +257,12 @@ class VersionedAdmin(admin.ModelAdmin):
         writer = admin_writer(request)
         if not change:
             fields = {name: form.cleaned_data[name] for name in form.fields if name != LOADED}
-            created = writes.create(self.model, fields, writer)
+            try:
+                created = writes.create(self.model, fields, writer)
+            except AlreadyExists as taken:
+                # Another writer took the name after the form checked it was free.
+                setattr(request, _OUTCOME, taken)
+                return
             _copy_fields(created, obj)
             obj._state.adding = False
             setattr(request, _OUTCOME, _WRITTEN)
@@ -281,6 +286,18 @@ class VersionedAdmin(admin.ModelAdmin):
         if getattr(request, _OUTCOME, None) == _WRITTEN:
             return super().log_change(request, obj, message)
         return None
+
+    def log_addition(self, request: HttpRequest, obj: Any, message: Any) -> Any:
+        if getattr(request, _OUTCOME, None) == _WRITTEN:
+            return super().log_addition(request, obj, message)
+        return None
+
+    def response_add(self, request: HttpRequest, obj: Any, post_url_continue: str | None = None) -> HttpResponse:
+        outcome = getattr(request, _OUTCOME, None)
+        if isinstance(outcome, AlreadyExists):
+            self.message_user(request, f"{outcome}: nothing was written.", messages.ERROR)
+            return HttpResponseRedirect(request.path)
+        return super().response_add(request, obj, post_url_continue)
 
     def response_change(self, request: HttpRequest, obj: Any) -> HttpResponse:
         outcome = getattr(request, _OUTCOME, None)
