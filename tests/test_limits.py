@@ -97,7 +97,7 @@ def _numeric_fields() -> list[tuple[str, str]]:
 def test_every_number_of_every_scenario_is_bounded_and_ascii(scenario: str, name: str) -> None:
     field = SCENARIOS[scenario].form_class.base_fields[name]
     assert isinstance(field, WholeNumberField | DecimalNumberField)
-    bounded_by_setting = {"writers", "increments", "seconds", "rows", "think_ms", "max_attempts"}
+    bounded_by_setting = {"writers", "workers", "increments", "seconds", "rows", "think_ms", "max_attempts"}
     assert getattr(field, "max_value", None) is not None or name in bounded_by_setting, f"{scenario} {name}"
     assert getattr(field, "min_value", None) is not None, f"{scenario} {name}"
 

@@ -327,9 +327,9 @@ def test_the_job_page_shows_the_quota_and_the_verdict(signed_in: Client) -> None
 class ApiCreates(threading.Thread):
     """Pod creates in the job's namespace as the HTTP API makes them (occviz.api.quota's admission, store.writes)."""
 
-    def __init__(self, job_id: int, seconds: float, pause_s: float) -> None:
+    def __init__(self, job_id: int, seconds: float, pause_s: float, after_kind: str | None = None) -> None:
         super().__init__(name="api-creates")
-        self.job_id, self.seconds, self.pause_s = job_id, seconds, pause_s
+        self.job_id, self.seconds, self.pause_s, self.after_kind = job_id, seconds, pause_s, after_kind
         self.created: list[str] = []
         self.refused: list[str] = []
         self.error: BaseException | None = None
@@ -347,6 +347,9 @@ class ApiCreates(threading.Thread):
             namespace = f"job-{self.job_id}"
             while not ResourceQuota.objects.filter(namespace=namespace).exists():
                 assert time.monotonic() < deadline, "the job never made its quota"
+                time.sleep(0.005)
+            while self.after_kind and not Event.objects.filter(job_id=self.job_id, kind=self.after_kind).exists():
+                assert time.monotonic() < deadline, f"the job recorded no {self.after_kind}"
                 time.sleep(0.005)
             until = time.monotonic() + self.seconds
             number = 0
@@ -371,11 +374,13 @@ def test_api_creates_contend_with_a_running_job_and_the_verdict_counts_both() ->
     job = create_job(
         "quota",
         {
-            "pods": 300, "hard": 10, "request": 1, "workers": 4, "think_ms": 15, "create_failure_rate": 0.3,
+            "pods": 300, "hard": 20, "request": 1, "workers": 4, "think_ms": 15, "create_failure_rate": 0.5,
             "resync_seconds": 1, "seconds": 4, "seed": 5,
         },
     )  # fmt: skip
-    outside = ApiCreates(job.pk, seconds=3.0, pause_s=0.01)
+    # The API's creates start once the job has leaked a charge (half its creates fail after it), so the
+    # resync has a leak to repair whoever wins the slots; the API, thinking less, then takes most of them.
+    outside = ApiCreates(job.pk, seconds=3.0, pause_s=0.01, after_kind="create_failed")
     outside.start()
     job = run_job(job.pk)
     outside.join(30)
@@ -388,9 +393,9 @@ def test_api_creates_contend_with_a_running_job_and_the_verdict_counts_both() ->
     lanes = Event.objects.filter(job=job, kind="outside_charge")
     assert {event.detail["lane"] for event in lanes} == {"api: alice (token laptop)"}
     # Never more than `hard` at once, counting both: the resync counts the API's pods among those that exist.
-    assert summary["over_admitted"] == 0 and summary["most_admitted_usage"] <= 10, summary["invariant"]
+    assert summary["over_admitted"] == 0 and summary["most_admitted_usage"] <= 20, summary["invariant"]
     namespace_pods = Pod.objects.filter(namespace=f"job-{job.pk}")
-    assert namespace_pods.count() <= 10 and summary["actual_final"] == namespace_pods.count()
+    assert namespace_pods.count() <= 20 and summary["actual_final"] == namespace_pods.count()
     assert namespace_pods.filter(job=None).count() <= len(outside.created)
     assert summary["resync_repairs"] >= 1, "leaks were repaired while the API's pods existed"
     assert summary["invariant_ok"], summary["invariant"]
