@@ -16,7 +16,7 @@ from django.http import HttpRequest, HttpResponse
 from ninja import NinjaAPI
 from ninja.errors import HttpError, ValidationError
 
-from occviz.api import discovery, jobs, resources, schemas, watch
+from occviz.api import discovery, jobs, resources, schemas, tables, watch
 from occviz.api.auth import caller
 from occviz.api.kinds import KINDS, Kind
 from occviz.api.status import REASONS, ApiError, json_response
@@ -122,7 +122,10 @@ def _kind_routes(kind: Kind) -> None:
 
     def get(request: HttpRequest, namespace: str, name: str) -> HttpResponse:
         caller(request)
-        return resources.object_response(kind, resources.load(kind, namespace, name))
+        obj = resources.load(kind, namespace, name)
+        if tables.wants_table(request):
+            return json_response(tables.table(kind, [kind.to_json(obj)], str(obj.resource_version)))
+        return resources.object_response(kind, obj)
 
     def replace(request: HttpRequest, namespace: str, name: str) -> HttpResponse:
         return resources.replace(request, caller(request), kind, namespace, name)
@@ -156,7 +159,10 @@ def _kind_routes(kind: Kind) -> None:
 def _list(request: HttpRequest, kind: Kind, namespace: str | None) -> HttpResponse:
     if watch.wants_watch(request):
         return watch.watch_response(request, kind, namespace)  # type: ignore[return-value]
-    return json_response(resources.list_json(kind, list(resources.query(kind, namespace, request))))
+    listed = resources.list_json(kind, list(resources.query(kind, namespace, request)))
+    if tables.wants_table(request):
+        return json_response(tables.table(kind, listed["items"], listed["metadata"]["resourceVersion"]))
+    return json_response(listed)
 
 
 for _kind in KINDS:

@@ -244,6 +244,8 @@ class Kind:
     """admitted(namespace, name, fields, writer): around a create's write, its admission (an ApiError refuses it)."""
     released: Callable[[Any, Writer], AbstractContextManager[None]] = _no_release
     """released(object, writer): around a delete's write, what the object held is given back after it."""
+    columns: tuple[tuple[str, str], ...] = ()
+    """What `kubectl get` prints between NAME and AGE, as a cluster's does: (column, path in the JSON)."""
 
     @property
     def kind(self) -> str:
@@ -286,9 +288,25 @@ class Kind:
 
 
 KINDS: tuple[Kind, ...] = (
-    Kind(Pod, schemas.Pod, ("po",), _pod_json, _pod_fields, admitted=quota.admitted, released=quota.released),
+    Kind(
+        Pod,
+        schemas.Pod,
+        ("po",),
+        _pod_json,
+        _pod_fields,
+        admitted=quota.admitted,
+        released=quota.released,
+        columns=(("Status", "status.phase"),),
+    ),
     Kind(ResourceQuota, schemas.ResourceQuota, ("quota",), _quota_json, _quota_fields),
-    Kind(Deployment, schemas.Deployment, ("deploy",), _deployment_json, _deployment_fields),
-    Kind(Lease, schemas.Lease, (), _lease_json, _lease_fields),
-    Kind(Counter, schemas.Counter, ("cnt",), _counter_json, _counter_fields),
+    Kind(
+        Deployment,
+        schemas.Deployment,
+        ("deploy",),
+        _deployment_json,
+        _deployment_fields,
+        columns=(("Replicas", "spec.replicas"),),
+    ),
+    Kind(Lease, schemas.Lease, (), _lease_json, _lease_fields, columns=(("Holder", "spec.holderIdentity"),)),
+    Kind(Counter, schemas.Counter, ("cnt",), _counter_json, _counter_fields, columns=(("Value", "spec.value"),)),
 )

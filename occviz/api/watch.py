@@ -20,7 +20,7 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.http import HttpRequest, StreamingHttpResponse
 
-from occviz.api import resources
+from occviz.api import resources, tables
 from occviz.api.kinds import Kind
 from occviz.api.status import ApiError
 
@@ -55,7 +55,7 @@ def watch_response(request: HttpRequest, kind: Kind, namespace: str | None) -> S
     """The streaming response for a watch request (its parameters checked now, before it starts)."""
     objects = resources.query(kind, namespace, request)
     single = "metadata.name" in resources.field_selector(request)
-    lines = _lines(kind, objects, _since(request), single, _timeout(request))
+    lines = _lines(kind, objects, _since(request), single, _timeout(request), tables.wants_table(request))
     response = StreamingHttpResponse(lines, content_type="application/json")
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"
@@ -70,11 +70,14 @@ def _fetch(kind: Kind, objects: Any, pks: list[int]) -> dict[int, dict[str, Any]
     return {obj.pk: kind.to_json(obj) for obj in objects.filter(pk__in=pks)}
 
 
-def _line(event: str, obj: dict[str, Any]) -> str:
-    return json.dumps({"type": event, "object": obj}) + "\n"
+async def _lines(
+    kind: Kind, objects: Any, since: int | None, single: bool, timeout: float, as_table: bool
+) -> AsyncIterator[str]:
+    def _line(event: str, obj: dict[str, Any]) -> str:
+        # As a table (kubectl get -w), each event's object is a Table of its one row.
+        shown = tables.table(kind, [obj], obj["metadata"]["resourceVersion"]) if as_table else obj
+        return json.dumps({"type": event, "object": shown}) + "\n"
 
-
-async def _lines(kind: Kind, objects: Any, since: int | None, single: bool, timeout: float) -> AsyncIterator[str]:
     deadline = time.monotonic() + timeout
     # Nothing yet, but Daphne (Twisted) sends the headers with the first write: a client waits for them.
     yield ""

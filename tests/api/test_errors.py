@@ -152,4 +152,4 @@ def test_kubectl_query_parameters_are_ignored(client_with_token: Client) -> None
         {"limit": "500"},
         headers={"Accept": KUBECTL_TABLE_ACCEPT},
     )
-    assert listed.status_code == 200 and listed.json()["kind"] == "LeaseList"
+    assert listed.status_code == 200 and listed.json()["kind"] == "Table"  # the Table kubectl asks for
