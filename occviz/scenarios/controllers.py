@@ -50,7 +50,7 @@ from occviz.scenarios.base import (
 )
 from occviz.scenarios.outside import Payload, outside_conflict_kind, outside_deleted_kind, outside_write
 from occviz.store.cas import swap_for
-from occviz.store.models import Deployment
+from occviz.store.models import Deployment, conflict_message
 
 if TYPE_CHECKING:
     from occviz.jobs.context import Actor, JobContext
@@ -654,10 +654,7 @@ def read_state(job_id: int, params: Mapping[str, Any]) -> State:
     return State({"deployment": manifest, "controllers": rows})
 
 
-_CONFLICT_409 = (
-    f'409 Conflict: Operation cannot be fulfilled on deployments.apps "{OBJECT_NAME}": the object has been '
-    "modified; please apply your changes to the latest version and try again"
-)
+_CONFLICT_409 = f"409 Conflict: {conflict_message(Deployment, OBJECT_NAME)}"
 
 
 class Controllers(Scenario):

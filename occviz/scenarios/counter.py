@@ -36,7 +36,7 @@ from occviz.scenarios.base import (
     check_limit,
 )
 from occviz.scenarios.outside import outside_conflict_kind, outside_deleted_kind, outside_write
-from occviz.store.models import Counter
+from occviz.store.models import Counter, conflict_message
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
@@ -403,10 +403,7 @@ _CONFLICT_409 = (
     '409 Conflict: Operation cannot be fulfilled on counters "row {row}": the object has been modified; '
     "please apply your changes to the latest version and try again"
 )
-_OUTSIDE_409 = (
-    '409 Conflict: Operation cannot be fulfilled on counters.occviz.dev "{detail.name}": the object has been '
-    "modified; please apply your changes to the latest version and try again"
-)
+_OUTSIDE_409 = f"409 Conflict: {conflict_message(Counter, '{detail.name}')}"
 
 
 class CounterRace(Scenario):

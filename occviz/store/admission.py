@@ -24,7 +24,7 @@ from typing import Any, Final
 
 from django.db import connection
 
-from occviz.store.models import ResourceQuota
+from occviz.store.models import ResourceQuota, conflict_message
 
 ADMISSION_RETRIES: Final = 3
 """The API server's quota admission retries a conflicting status write 3 times, then fails the create."""
@@ -54,14 +54,6 @@ def exceeded_message(pod: str, quota: str, requested: Amounts, used: Amounts, ha
     return (
         f'pods "{pod}" is forbidden: exceeded quota: {quota}, requested: {_listed(requested, over)}, '
         f"used: {_listed(used, over)}, limited: {_listed(hard, over)}"
-    )
-
-
-def conflict_message(quota: str) -> str:
-    """What a create fails with once the quota's write conflicted past the retries: the 409 itself."""
-    return (
-        f'Operation cannot be fulfilled on {ResourceQuota.qualified_resource()} "{quota}": the object has '
-        "been modified; please apply your changes to the latest version and try again"
     )
 
 
@@ -137,7 +129,7 @@ def charge(pod: str, requested: Amounts, read: Read, write: Write, *, retries: i
         version = write(attempt, quota, used)
         if version is not None:
             return Admitted(attempt, quota, used, version)
-    return RetriesExhausted(attempts, conflict_message(name))
+    return RetriesExhausted(attempts, conflict_message(ResourceQuota, name))
 
 
 def release(requested: Amounts, read: Read, write: Write, *, attempts: int = RELEASE_ATTEMPTS) -> bool:

@@ -28,10 +28,15 @@ class VersionConflict(Exception):
         self.expected_version = expected_version
         # The object as stored when the write was refused, where the writer looked it up.
         self.stored: VersionedObject | None = None
-        super().__init__(
-            f'Operation cannot be fulfilled on {obj.qualified_resource()} "{obj.name}": the object has been modified; '
-            "please apply your changes to the latest version and try again"
-        )
+        super().__init__(conflict_message(type(obj), obj.name))
+
+
+def conflict_message(model: type[VersionedObject], name: str) -> str:
+    """The API server's words for a write on a stale resourceVersion (the body of its 409)."""
+    return (
+        f'Operation cannot be fulfilled on {model.qualified_resource()} "{name}": the object has been modified; '
+        "please apply your changes to the latest version and try again"
+    )
 
 
 class VersionedObject(models.Model):

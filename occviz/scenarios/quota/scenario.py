@@ -44,8 +44,8 @@ from occviz.scenarios.quota.admission import (
     QuotaController,
     quantity,
 )
-from occviz.store.admission import ADMISSION_RETRIES, conflict_message
-from occviz.store.models import ResourceQuota
+from occviz.store.admission import ADMISSION_RETRIES
+from occviz.store.models import ResourceQuota, conflict_message
 
 if TYPE_CHECKING:
     from occviz.jobs.context import JobContext
@@ -359,7 +359,7 @@ def read_state(job_id: int, params: Mapping[str, Any]) -> State:
     return State(data, {"used": used, "actual": actual, "gap": used - actual})
 
 
-_QUOTA_409 = f"409 Conflict: {conflict_message(QUOTA_NAME)}"
+_QUOTA_409 = f"409 Conflict: {conflict_message(ResourceQuota, QUOTA_NAME)}"
 _OUTSIDE_WRITES = ("outside_charge", "outside_release", "outside_write")
 _DENIED_403 = "403 Forbidden: {detail.message}"
 
