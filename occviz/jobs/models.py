@@ -162,6 +162,9 @@ class EventBatch(models.Model):
     duration_us = ArrayField(models.BigIntegerField(null=True))
     latency_us = ArrayField(models.BigIntegerField(null=True))
     detail = models.JSONField(default=dict, help_text="The few events with a detail, by position in the batch.")
+    snapshot = models.JSONField(
+        null=True, blank=True, help_text="What the job showed as of seq_to (its figures and state), made by its runner."
+    )
 
     class Meta:
         ordering = ["job", "seq_from"]
