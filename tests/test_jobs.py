@@ -13,7 +13,7 @@ import pytest
 from django.contrib.auth.models import User
 from django.db import connections
 
-from occviz.concurrency.strategies import Writer
+from occviz.concurrency.writer import Writer
 from occviz.jobs.models import Event, EventBatch, Job
 from occviz.jobs.runner import run_job
 from occviz.jobs.tasks import create_job, launch

@@ -6,6 +6,9 @@ import pytest
 
 from occviz.concurrency.retry import make_policy
 from occviz.jobs.models import Event
+from occviz.scenarios import SCENARIOS
+from occviz.scenarios.base import fill
+from occviz.store.models import Counter, conflict_message
 from tests.helpers import events, rows_of, run_counter
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -66,6 +69,18 @@ def test_every_conflict_is_a_compare_and_swap_that_matched_zero_rows() -> None:
         assert writer_of[conflict.version_read + 1] != conflict.actor
     assert job.summary["conflicts"] == len(conflicts)
     assert job.summary["attempts"] == len(commits) + len(conflicts)
+
+
+def test_a_conflict_is_explained_with_the_409_the_api_server_would_answer() -> None:
+    job = run_counter(strategy="occ", writers=4, increments=10, rows=2, think_ms=2, retry="immediate", seed=5)
+    conflicts = events(job, "conflict")
+    assert conflicts, "4 writers with think time on 2 rows must conflict"
+    names = {row.pk: row.name for row in rows_of(job)}
+    explain = SCENARIOS["counter"].kind("conflict").explain
+    for conflict in conflicts:
+        said = fill(explain, {"detail": conflict.detail}, "writer")
+        assert said == f"409 Conflict: {conflict_message(Counter, names[conflict.row])}"
+    assert {conflict.detail["name"] for conflict in conflicts} <= {"row-1", "row-2"}
 
 
 @pytest.mark.parametrize("retry", ["k8s-default-retry", "k8s-default-backoff", "exponential"])

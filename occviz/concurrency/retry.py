@@ -1,4 +1,4 @@
-"""Retry policies: how long a writer waits before its next attempt, and when it gives up.
+"""Retry policies: how long a writer waits before its next attempt, and when it gives up; and the retry loop.
 
 The Kubernetes presets are client-go's (k8s.io/client-go/util/retry):
 
@@ -12,13 +12,22 @@ preset's last step the wait stays at that step's length.
 No wait is longer than LONGEST_WAIT_MS, whatever the base, factor and attempt: the
 growth is checked against the ceiling in logarithms before it is computed, so a huge
 factor or attempt number gives the ceiling, never an OverflowError.
+
+`with_retries` is client-go's `retry.RetryOnConflict` loop for any actor with a policy:
+an attempt that conflicts (or fails to serialize, deadlocks, times out on a lock) is
+recorded, waited for by the policy, and tried again, until it commits or gives up.
 """
 
 from __future__ import annotations
 
 import math
 import random
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, Final, Protocol
+
+import psycopg
 
 LONGEST_WAIT_MS = 60_000
 """The longest wait before a retry, and the largest base or cap a policy takes."""
@@ -101,3 +110,71 @@ def make_policy(
     if name == "k8s-default-backoff":
         return RetryPolicy(name, attempts, base_ms=10.0, factor=5.0, jitter=0.1, steps=4)
     return RetryPolicy(name, attempts, base_ms=base_ms, factor=factor, cap_ms=cap_ms, full_jitter=True)
+
+
+class Retrying(Protocol):
+    """What `with_retries` needs of the actor it retries for (a Writer is one)."""
+
+    @property
+    def policy(self) -> RetryPolicy: ...
+
+    @property
+    def rng(self) -> random.Random: ...
+
+    @property
+    def record(self) -> Callable[..., None]:
+        """record(op, attempt, kind, row, **fields): the actor's own events."""
+        ...
+
+    def pause(self, ms: float) -> bool:
+        """Sleep `ms`; False if the actor must stop instead."""
+        ...
+
+
+class Retryable(Exception):
+    """An attempt that failed in a way the policy retries: a conflict, a serialization failure, ..."""
+
+    def __init__(self, kind: str, **fields: Any) -> None:
+        super().__init__(kind)
+        self.kind = kind
+        self.fields = fields
+
+
+# What an attempt returns when it failed in a way the policy retries, having recorded why.
+# (Inside a transaction an attempt raises Retryable instead, so that the transaction rolls back.)
+RETRY: Final = object()
+
+# The PostgreSQL errors a retry may get past, by SQLSTATE, with the event kind each is recorded as.
+_RETRYABLE_SQLSTATES = {
+    "40001": "serialization_failure",
+    "40P01": "deadlock",
+    "55P03": "lock_timeout",
+}
+
+
+def with_retries(actor: Retrying, row: int, op: int, attempt_once: Callable[[int, float], bool | object]) -> bool:
+    """Run `attempt_once(attempt, started)` until it commits (True), the job stops (False) or the attempts run out."""
+    started = time.perf_counter()
+    policy = actor.policy
+    for attempt in range(1, policy.max_attempts + 1):
+        try:
+            outcome = attempt_once(attempt, started)
+        except Retryable as failure:
+            actor.record(op, attempt, failure.kind, row, **failure.fields)
+            outcome = RETRY
+        except psycopg.Error as error:
+            kind = _RETRYABLE_SQLSTATES.get(error.sqlstate or "")
+            if kind is None:
+                raise
+            actor.record(op, attempt, kind, row, detail={"message": str(error).strip()})
+            outcome = RETRY
+        if outcome is not RETRY:
+            return bool(outcome)
+        if attempt == policy.max_attempts:
+            actor.record(op, attempt, "gave_up", row)
+            return False
+        wait_ms = policy.wait_ms(attempt, actor.rng)
+        actor.record(op, attempt, "retry", row, duration_ms=wait_ms)
+        if not actor.pause(wait_ms):
+            return False
+    return False

@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING, Any
 from django import forms
 from django.db import connection, transaction
 
-from occviz.concurrency.retry import PRESETS, make_policy
-from occviz.concurrency.strategies import RETRY, Writer, connected, with_retries
+from occviz.concurrency.retry import PRESETS, RETRY, make_policy, with_retries
+from occviz.concurrency.writer import Writer, connected
 from occviz.jobs.models import Job
 from occviz.scenarios.base import (
     ERROR,
@@ -457,7 +457,7 @@ def run(context: JobContext) -> dict[str, Any]:
         def act(ready: Callable[[], object]) -> None:
             writer = Writer(
                 number=number,
-                recorder=context.recorder,
+                record_step=context.recorder.record,
                 policy=policy,
                 think_ms=float(params["think_ms"] or 0),
                 stop=context.stop,

@@ -18,10 +18,10 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from occviz.concurrency.retry import PRESETS
-from occviz.concurrency.strategies import STRATEGIES
 from occviz.jobs.models import Job
 from occviz.jobs.runner import run_job
 from occviz.jobs.tasks import create_job
+from occviz.scenarios.counter.actors import STRATEGIES
 
 
 def draw(rng: random.Random) -> dict[str, Any]:

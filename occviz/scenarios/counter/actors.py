@@ -1,4 +1,4 @@
-"""The five ways a writer can increment a versioned counter, each recording what it did.
+"""The counter race's actors: the five ways a writer can increment a versioned counter, each recording what it did.
 
     none          read, modify, blind write: updates are lost, and counted
     occ           read, modify, compare-and-swap; a zero-row match is a conflict, retried by policy
@@ -7,33 +7,21 @@
     atomic        UPDATE ... SET value = value + 1: no read-modify-write at all
 
 Each strategy is a function `(writer, row, op) -> bool` (True when the increment
-committed). The retrying ones share `with_retries`, so `occ`, `pessimistic` and
-`serializable` count attempts, waits and give-ups the same way.
-
-A writer's deadline bounds everything it waits for: think time and retry waits end
-at it, and a row lock is waited for no longer than the time left (`lock_timeout`),
-since a statement blocked in PostgreSQL does not see the job's stop signal.
+committed). The retrying ones share `with_retries` (occviz.concurrency.retry), so `occ`,
+`pessimistic` and `serializable` count attempts, waits and give-ups the same way.
 """
 
 from __future__ import annotations
 
-import functools
-import math
-import random
-import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any
 
-import psycopg
-
-from occviz.concurrency.retry import RetryPolicy
-from occviz.jobs.recorder import EventRecorder
+from occviz.concurrency.retry import RETRY, Retryable, with_retries
+from occviz.concurrency.writer import Writer
 from occviz.store.cas import Add, swap_for
 from occviz.store.models import Counter
-from occviz.store.session import PreparedSession
 
 # A row-lock acquisition this slow was a wait behind another holder, not just the round trip.
 LOCK_WAIT_THRESHOLD_MS = 1.0
@@ -45,69 +33,21 @@ _BLIND = swap_for(Counter, (("value", False),), False)
 _IN_PLACE = swap_for(Counter, (("value", True),), False, ("resource_version", "value"))
 _READ = "SELECT value, resource_version FROM store_counter WHERE id = %s"
 
-_RETRYABLE_SQLSTATES = {
-    "40001": "serialization_failure",
-    "40P01": "deadlock",
-    "55P03": "lock_timeout",
-}
-
 
 @dataclass
-class Writer:
-    """One actor's view of the job: its number, connection, policy and clocks."""
+class CounterWriter(Writer):
+    """A writer of the counter race: with the lock a pessimistic one takes and the isolation a serializable one asks."""
 
-    number: int
-    recorder: EventRecorder
-    policy: RetryPolicy
-    think_ms: float
-    stop: threading.Event
-    rng: random.Random
     lock_mode: str = "update"
     isolation: str = "serializable"
-    lock_timeout_ms: int = 10_000
-    deadline: float | None = None
-    """time.perf_counter() at which the writer must have stopped waiting, or None."""
-    cursor: PreparedSession = field(init=False, repr=False)
-    record: Callable[..., None] = field(init=False, repr=False)
-    """record(op, attempt, kind, row, **fields): this writer's events (the recorder's, with its number)."""
+    names: Mapping[int, dict[str, Any]] = field(default_factory=dict)
+    """Each row's name, as a conflict's detail: the object a 409 would name (one dict per row, shared)."""
 
-    def __post_init__(self) -> None:
-        # A C-level partial, not a method that re-packs keyword arguments: it runs for every step.
-        self.record = functools.partial(self.recorder.record, self.number)
-
-    def ms_left(self) -> float:
-        """Milliseconds until the deadline (infinite without one; 0 once it has passed)."""
-        if self.deadline is None:
-            return math.inf
-        return max(0.0, (self.deadline - time.perf_counter()) * 1000.0)
-
-    def pause(self, ms: float) -> bool:
-        """Sleep `ms` unless the job is stopped meanwhile; False if it was, or if the deadline comes first."""
-        if ms >= self.ms_left():
-            self.stop.wait(self.ms_left() / 1000.0)
-            return False
-        if ms <= 0:
-            return not self.stop.is_set()
-        return not self.stop.wait(ms / 1000.0)
-
-    def lock_timeout(self) -> int:
-        """The longest row-lock wait now, in whole ms: the usual timeout, or less when the deadline is nearer.
-
-        Never 0: to PostgreSQL a lock_timeout of 0 means wait forever.
-        """
-        return max(1, int(min(self.lock_timeout_ms, self.ms_left())))
+    def named(self, row: int) -> dict[str, Any] | None:
+        return self.names.get(row)
 
 
-class Retryable(Exception):
-    """An attempt that failed in a way the policy retries: a conflict, a serialization failure, ..."""
-
-    def __init__(self, kind: str, **fields: Any) -> None:
-        super().__init__(kind)
-        self.kind = kind
-        self.fields = fields
-
-
-def _read(writer: Writer, row: int, op: int, attempt: int, lock: str = "") -> tuple[int, int, float]:
+def _read(writer: CounterWriter, row: int, op: int, attempt: int, lock: str = "") -> tuple[int, int, float]:
     started = time.perf_counter()
     found = writer.cursor.one(_READ + lock if lock else _READ, [row])
     if found is None:
@@ -118,45 +58,12 @@ def _read(writer: Writer, row: int, op: int, attempt: int, lock: str = "") -> tu
     return value, version, took_ms
 
 
-def _committed(writer: Writer, row: int, op: int, attempt: int, started: float, **fields: Any) -> bool:
+def _committed(writer: CounterWriter, row: int, op: int, attempt: int, started: float, **fields: Any) -> bool:
     writer.record(op, attempt, "committed", row, latency_ms=(time.perf_counter() - started) * 1000.0, **fields)
     return True
 
 
-# What an attempt returns when it failed in a way the policy retries, having recorded why.
-# (Inside a transaction an attempt raises Retryable instead, so that the transaction rolls back.)
-RETRY: Final = object()
-
-
-def with_retries(writer: Writer, row: int, op: int, attempt_once: Callable[[int, float], bool | object]) -> bool:
-    """Run `attempt_once` until it commits (True), the job stops (False) or the attempts run out."""
-    started = time.perf_counter()
-    policy = writer.policy
-    for attempt in range(1, policy.max_attempts + 1):
-        try:
-            outcome = attempt_once(attempt, started)
-        except Retryable as failure:
-            writer.record(op, attempt, failure.kind, row, **failure.fields)
-            outcome = RETRY
-        except psycopg.Error as error:
-            kind = _RETRYABLE_SQLSTATES.get(error.sqlstate or "")
-            if kind is None:
-                raise
-            writer.record(op, attempt, kind, row, detail={"message": str(error).strip()})
-            outcome = RETRY
-        if outcome is not RETRY:
-            return bool(outcome)
-        if attempt == policy.max_attempts:
-            writer.record(op, attempt, "gave_up", row)
-            return False
-        wait_ms = policy.wait_ms(attempt, writer.rng)
-        writer.record(op, attempt, "retry", row, duration_ms=wait_ms)
-        if not writer.pause(wait_ms):
-            return False
-    return False
-
-
-def none(writer: Writer, row: int, op: int) -> bool:
+def none(writer: CounterWriter, row: int, op: int) -> bool:
     started = time.perf_counter()
     value, version, _ = _read(writer, row, op, 1)
     if not writer.pause(writer.think_ms):
@@ -180,7 +87,7 @@ def none(writer: Writer, row: int, op: int) -> bool:
     )
 
 
-def occ(writer: Writer, row: int, op: int) -> bool:
+def occ(writer: CounterWriter, row: int, op: int) -> bool:
     def attempt_once(attempt: int, started: float) -> bool | object:
         value, version, _ = _read(writer, row, op, attempt)
         if not writer.pause(writer.think_ms):
@@ -189,9 +96,17 @@ def occ(writer: Writer, row: int, op: int) -> bool:
         result = _CHECKED.run(row, version, (value + 1,), cursor=writer.cursor)
         took_ms = (time.perf_counter() - t) * 1000.0
         if result is None:
-            # No detail: a conflict's message is always Kubernetes' one (VersionConflict), and
-            # storing it thousands of times a second would cost the job more than it tells.
-            writer.record(op, attempt, "conflict", row, version_read=version, value_read=value, duration_ms=took_ms)
+            # Only the row's name: the rest of the API server's 409 is the same words every time.
+            writer.record(
+                op,
+                attempt,
+                "conflict",
+                row,
+                version_read=version,
+                value_read=value,
+                duration_ms=took_ms,
+                detail=writer.named(row),
+            )
             return RETRY
         return _committed(
             writer,
@@ -209,7 +124,7 @@ def occ(writer: Writer, row: int, op: int) -> bool:
     return with_retries(writer, row, op, attempt_once)
 
 
-def pessimistic(writer: Writer, row: int, op: int) -> bool:
+def pessimistic(writer: CounterWriter, row: int, op: int) -> bool:
     clause = " FOR SHARE" if writer.lock_mode == "share" else " FOR UPDATE"
 
     def attempt_once(attempt: int, started: float) -> bool:
@@ -224,7 +139,7 @@ def pessimistic(writer: Writer, row: int, op: int) -> bool:
             t = time.perf_counter()
             result = _CHECKED.run(row, version, (value + 1,), cursor=writer.cursor)
             if result is None:  # cannot happen under FOR UPDATE; FOR SHARE deadlocks before it gets here
-                raise Retryable("conflict", version_read=version, value_read=value)
+                raise Retryable("conflict", version_read=version, value_read=value, detail=writer.named(row))
         return _committed(
             writer,
             row,
@@ -241,7 +156,7 @@ def pessimistic(writer: Writer, row: int, op: int) -> bool:
     return with_retries(writer, row, op, attempt_once)
 
 
-def serializable(writer: Writer, row: int, op: int) -> bool:
+def serializable(writer: CounterWriter, row: int, op: int) -> bool:
     level = "REPEATABLE READ" if writer.isolation == "repeatable-read" else "SERIALIZABLE"
 
     def attempt_once(attempt: int, started: float) -> bool:
@@ -252,7 +167,7 @@ def serializable(writer: Writer, row: int, op: int) -> bool:
             t = time.perf_counter()
             result = _CHECKED.run(row, version, (value + 1,), cursor=writer.cursor)
             if result is None:
-                raise Retryable("conflict", version_read=version, value_read=value)
+                raise Retryable("conflict", version_read=version, value_read=value, detail=writer.named(row))
         # The commit itself can fail with 40001: only after it is this increment committed.
         return _committed(
             writer,
@@ -270,7 +185,7 @@ def serializable(writer: Writer, row: int, op: int) -> bool:
     return with_retries(writer, row, op, attempt_once)
 
 
-def atomic(writer: Writer, row: int, op: int) -> bool:
+def atomic(writer: CounterWriter, row: int, op: int) -> bool:
     started = time.perf_counter()
     written, value = _IN_PLACE.run(row, None, (Add(1),), cursor=writer.cursor)  # type: ignore[misc]
     return _committed(
@@ -286,7 +201,9 @@ def atomic(writer: Writer, row: int, op: int) -> bool:
     )
 
 
-STRATEGIES: dict[str, Callable[[Writer, int, int], bool]] = {
+Strategy = Callable[[CounterWriter, int, int], bool]
+
+STRATEGIES: dict[str, Strategy] = {
     "none": none,
     "occ": occ,
     "pessimistic": pessimistic,
@@ -296,11 +213,25 @@ STRATEGIES: dict[str, Callable[[Writer, int, int], bool]] = {
 PROTECTED = frozenset({"occ", "pessimistic", "serializable", "atomic"})
 
 
-@contextmanager
-def connected(writer: Writer) -> Iterator[Writer]:
-    """The writer with its own session, opened before the barrier so connecting is not part of the race."""
-    writer.cursor = PreparedSession()
-    try:
-        yield writer
-    finally:
-        writer.cursor.close()
+def increment_until_done(
+    writer: CounterWriter,
+    rows: Sequence[int],
+    increment: Strategy,
+    increments: int | None,
+    time_up: Callable[[str], object],
+) -> None:
+    """One writer's run: increment one of `rows` (at random among several) until done, stopped or out of time.
+
+    `increments` None: until the writer's deadline, which whoever sees it first reports (`time_up`):
+    the job's own timer may be a moment later.
+    """
+    op = 0
+    while not writer.stop.is_set():
+        if increments is not None and op >= increments:
+            break
+        if writer.ms_left() <= 0:
+            time_up("time limit")
+            break
+        op += 1
+        row = rows[0] if len(rows) == 1 else writer.rng.choice(rows)
+        increment(writer, row, op)

@@ -1,0 +1,140 @@
+"""A counter race job: its rows, its writers, the outside writes it follows, and its rows as they are now.
+
+Every writer increments a randomly chosen row of the job's own K rows with the chosen
+strategy until its increments are done or the job's time is up (S seconds, else
+OCCVIZ_MAX_SECONDS): a deadline that think time, retry waits and lock waits count against.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from typing import TYPE_CHECKING, Any
+
+from django.conf import settings
+from django.db import transaction
+
+from occviz.concurrency.retry import make_policy
+from occviz.concurrency.writer import connected
+from occviz.scenarios.base import State
+from occviz.scenarios.counter.actors import STRATEGIES, CounterWriter, increment_until_done
+from occviz.scenarios.counter.summary import summarize, tally_outside, tally_rows
+from occviz.scenarios.outside import outside_write
+from occviz.store.models import Counter
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+
+    from occviz.jobs.context import Actor, JobContext
+    from occviz.jobs.models import Job
+
+MAX_ROWS_SHOWN = 64
+"""The contended rows shown live (the sums behind lost_updates still cover all rows)."""
+
+
+def _make_rows(job: Job, params: Mapping[str, Any]) -> dict[int, str]:
+    """The job's K counter rows, `row-1` to `row-K`: their names by id."""
+    namespace = f"job-{job.pk}"
+    counters = Counter.objects.bulk_create(
+        Counter(namespace=namespace, name=f"row-{i}", value=params["initial_value"], job=job)
+        for i in range(1, params["rows"] + 1)
+    )
+    return {counter.pk: counter.name for counter in counters}
+
+
+def run(context: JobContext) -> dict[str, Any]:
+    job, params = context.job, context.params
+    names = _make_rows(job, params)
+    rows = list(names)
+    policy = make_policy(
+        params["retry"],
+        params["max_attempts"],
+        base_ms=params["base_ms"],
+        factor=params["factor"],
+        cap_ms=params["cap_ms"],
+    )
+    increment = STRATEGIES[params["strategy"]]
+    seed = params["seed"] if params["seed"] is not None else random.randrange(2**32)
+    limit_s = float(params["seconds"] or settings.OCCVIZ_MAX_SECONDS)
+    conflict_details = {pk: {"name": name} for pk, name in names.items()}
+
+    def writer_actor(number: int) -> Actor:
+        def act(ready: Callable[[], object]) -> None:
+            writer = CounterWriter(
+                number=number,
+                record_step=context.recorder.record,
+                policy=policy,
+                think_ms=params["think_ms"],
+                stop=context.stop,
+                rng=random.Random(seed * 1_000 + number),
+                lock_mode=params["lock"],
+                isolation=params["isolation"],
+                names=conflict_details,
+            )
+            with connected(writer):
+                ready()
+                writer.deadline = time.perf_counter() + limit_s
+                increment_until_done(writer, rows, increment, params["increments"], context.request_stop)
+
+        return act
+
+    lanes, own_rows = iter(range(params["writers"] + 1, 2**31)), set(rows)
+    context.on_outside_write(
+        lambda payload: record_outside_write(context, own_rows, payload), next_actor=lanes.__next__
+    )
+    context.run_actors([writer_actor(n) for n in range(1, params["writers"] + 1)], time_limit_s=limit_s)
+    with transaction.atomic():
+        # The rows locked while they are read: every outside write that landed before is
+        # then recorded, and none lands after, so the rows and the events tell one story.
+        list(Counter.objects.filter(pk__in=rows).select_for_update().values_list("pk"))
+        tally = tally_rows(job.pk, params["initial_value"])
+        context.settle_outside_writes()
+    context.recorder.flush()
+    return summarize(job, params, rows, context.elapsed_s, seed, tally)
+
+
+def record_outside_write(context: JobContext, rows: set[int], payload: Mapping[str, Any]) -> None:
+    """An admin's or API writer's write to one of the job's rows, as an event on that writer's lane.
+
+    value_read/value_written: the value before and after; for a blind write that lowered the
+    value, detail.erased is how much of the job's count it took away. detail.delta (after -
+    before) is what the summary adds to the job's own increments.
+    """
+    if payload.get("resource") != "counters" or payload.get("object_id") not in rows:
+        return
+    write = outside_write(context, payload)
+    before, after = write.before.get("value"), write.after.get("value", 0)
+    detail = dict(write.detail, name=payload.get("name"))
+    fields: dict[str, Any] = {"version_read": write.version_read, "value_read": before}
+    if write.type == "MODIFIED":
+        delta = int(after) - int(before or 0)
+        detail["delta"] = delta
+        if write.blind and delta < 0:
+            detail["erased"] = -delta
+        kind = "outside_write"
+        fields.update(version_written=write.version_written, value_written=after)
+    elif write.type == "CONFLICT":
+        kind = "outside_conflict"
+        fields.update(value_written=after)
+    elif write.type == "DELETED":
+        kind = "outside_deleted"
+        # What the row had counted leaves with it: the summary still counts it.
+        detail.update(removed_versions=int(payload["resource_version"]) - 1, removed_value=before)
+    else:
+        return  # a new object is not one of the job's rows
+    context.recorder.record(write.actor, 0, 1, kind, int(payload["object_id"]), detail=detail, **fields)
+
+
+def read_state(job_id: int, params: Mapping[str, Any]) -> State:
+    """The job's rows (the first MAX_ROWS_SHOWN) and the updates lost so far."""
+    tally = tally_rows(job_id, int(params.get("initial_value") or 0))
+    if not tally.rows:
+        return State({"rows": []}, {"lost_updates": None})
+    rows = [
+        {"id": pk, "name": row_name, "value": value, "version": version}
+        for pk, row_name, value, version in tally.rows[:MAX_ROWS_SHOWN]
+    ]
+    # Outside writes moved versions and values by their own amounts: not lost updates, unless erased.
+    outside = tally_outside(job_id)
+    lost = tally.lost_updates - outside.commits + outside.delta + outside.erased
+    return State({"rows": rows}, {"lost_updates": lost})
