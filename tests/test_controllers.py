@@ -19,7 +19,8 @@ from occviz.jobs.models import Event, Job
 from occviz.jobs.runner import run_job
 from occviz.jobs.tasks import create_job
 from occviz.scenarios import SCENARIOS
-from occviz.scenarios.controllers import FIELDS, Erasure, History, controller_name
+from occviz.scenarios.controllers.deployment import FIELDS, controller_name
+from occviz.scenarios.controllers.history import Erasure, History
 from occviz.store.models import Deployment
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -111,6 +112,14 @@ def test_none_counts_lost_fields_exactly_against_the_stored_history() -> None:
         # It was the first write to change the field after the victim's.
         assert all(states[v][victim - 1] == e.value_read for v in range(set_at, eraser_version))
     assert sum(entry["lost"] for entry in summary["per_controller"]) == len(lost)
+    # The verdict says whose field lost its last write, and that with none this is the lesson.
+    gone = [entry for entry in summary["per_controller"] if not entry["last_write_present"]]
+    for entry in gone:
+        assert f"{entry['controller']}'s {entry['field']}" in summary["invariant"]
+    if gone:
+        assert "With none that is the lesson" in summary["invariant"]
+    else:
+        assert "every controller's last write is on the object, but earlier ones were erased" in summary["invariant"]
 
 
 def test_history_counts_a_lost_write_once_even_when_a_blind_write_puts_it_back() -> None:
