@@ -19,14 +19,9 @@ from django.db import connection
 from occviz.jobs.context import JobContext
 from occviz.jobs.models import Job
 from occviz.jobs.recorder import EventRecorder
+from occviz.scenarios.leader_election.actors import LeaderElection, TimedControl, create_objects, objects_of
 from occviz.scenarios.leader_election.connection import ReplicaConnection
-from occviz.scenarios.leader_election.elector import (
-    LeaderElection,
-    LeaderElectionConfig,
-    TimedControl,
-    create_objects,
-    objects_of,
-)
+from occviz.scenarios.leader_election.elector import LeaderElectionConfig
 from occviz.scenarios.leader_election.fencing import fenced_increment
 from occviz.scenarios.leader_election.proxy import ProxyProcess
 from occviz.scenarios.leader_election.summary import (

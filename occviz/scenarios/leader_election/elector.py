@@ -1,109 +1,36 @@
-"""client-go's leader election, replica by replica, on a Lease row of real PostgreSQL.
+"""client-go's leader election for one replica, on a Lease row of real PostgreSQL.
 
 `LeaderElector` is one replica: client-go's `tryAcquireOrRenew`, its acquire loop
-(jittered), its renew loop (RenewDeadline), ReleaseOnCancel, and the guarded work
-a leader does with its fencing token. `LeaderElection` runs R of them as threads,
-each with its own connection through its own proxy (proxy.py), and offers the
-failure controls a classroom needs: kill, stop, pause, cut off, skew, add.
-
-What the scenario does, in order:
-
-    lease, counter = create_objects(f"job-{job.pk}", job=job)
-    election = LeaderElection(lease_id=lease.pk, counter_id=counter.pk, replicas=R,
-                              record=context.recorder.record, stop=context.stop, config=config)
-    election.schedule(TimedControl("kill", at_s=20.0), ...)
-    election.run(seconds, run_actors=context.run_actors)   # returns when the replicas have ended
-    summary = summarize(read_events(job.pk), Lease.objects.get(pk=lease.pk), config)
-
-While it runs, any thread may apply a control now: `election.apply(TimedControl("kill", 0))`
-hits whoever leads, `election.kill(2)` replica 2; `leader()` says who leads.
+(jittered), its renew loop (RenewDeadline), ReleaseOnCancel, and the guarded work a
+leader does with its fencing token, over a connection of its own through its own proxy
+(connection.py, proxy.py). Its failure controls (kill, stop, pause, cut off, skew) may be
+called from any thread; the replicas as a group are actors.py.
 
 Every step is recorded through `record(actor, op, attempt, kind, row, **fields)`
-(EventRecorder.record's signature); KINDS lists the kinds and the fields each uses.
+(occviz.concurrency.writer.Record: the job recorder's signature).
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
 import math
 import random
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, Final, Literal, Protocol
+from typing import Any, Final
 
-from django.conf import settings
-
+from occviz.concurrency.writer import Record
 from occviz.scenarios.leader_election.connection import DB_ERRORS, LeaseRecord, ReplicaConnection, Written
 from occviz.scenarios.leader_election.fencing import fenced_increment
-from occviz.scenarios.leader_election.proxy import DatabaseProxy, ProxyProcess
-from occviz.store.models import Counter, Lease
-
-logger = logging.getLogger(__name__)
+from occviz.scenarios.leader_election.proxy import DatabaseProxy
 
 JITTER_FACTOR: Final = 1.2
 """client-go's JitterFactor: the acquire loop waits RetryPeriod to (1 + 1.2) x RetryPeriod."""
 
 Ready = Callable[[], object]
-Actor = Callable[[Ready], None]
-
-
-class Record(Protocol):
-    """EventRecorder.record's signature."""
-
-    def __call__(
-        self,
-        actor: int,
-        op: int,
-        attempt: int,
-        kind: str,
-        row: int | None = None,
-        *,
-        version_read: int | None = None,
-        version_written: int | None = None,
-        value_read: int | None = None,
-        value_written: int | None = None,
-        duration_ms: float | None = None,
-        latency_ms: float | None = None,
-        detail: dict[str, Any] | None = None,
-    ) -> None: ...
-
-
-# The kinds a leader election records, and the fields each fills (row: the Lease's id, or the
-# guarded counter's for guarded_write / fenced; versions: resource versions).
-KINDS: Final[dict[str, str]] = {
-    "acquired": "became leader. versions of the Lease; value_read/written: lease_transitions before/after "
-    "(equal when it re-took a lease that still named it); detail db_time, holder (the previous one, if another)",
-    "renewed": "renewed its lease. versions of the Lease; value_read/written: lease_transitions; detail db_time",
-    "backed_off": "another holder's lease is still valid by this replica's observation. version_read, "
-    "value_read: lease_transitions; detail holder",
-    "conflict": "lost a compare-and-swap on the Lease. version_read: the version expected; value_read/written: "
-    "transitions read/meant; detail phase (acquire, renew, release), path (fast: the leader's optimistic update)",
-    "renew_failed": "a renew attempt failed; retried every RetryPeriod until RenewDeadline. detail reason",
-    "lost": "stepped down: no renewal for RenewDeadline. detail since_renew_s",
-    "released": "released the lease (ReleaseOnCancel): empty holder, lease_duration_seconds 1. versions, "
-    "value_read: lease_transitions; detail db_time",
-    "guarded_write": "the leader's guarded increment landed. row: the counter; versions of the counter; "
-    "value_read: the newest token before; value_written: its token",
-    "fenced": "the guarded increment was rejected: its token is older than the newest. row: the counter; "
-    "version_read; value_read: the newest token; value_written: its token",
-    "db_error": "a statement or connection failed. detail phase, message",
-    "reconnected": "connected again after an error",
-    "killed": "killed: stops at once, no release, its connection dropped",
-    "stopped": "stopped gracefully (releases the lease if it holds it and ReleaseOnCancel is set)",
-    "paused": "a stop-the-world pause began. detail seconds, leading",
-    "woke": "the pause ended. detail seconds, believes_leader, token (if it believes it leads)",
-    "cut_off": "cut off from the database. detail seconds, leading",
-    "skewed": "its wall clock (acquire/renew times) runs off. detail seconds, ahead_s or behind_s",
-    "added": "joined the election while it ran",
-    "control_failed": "a scheduled control could not be applied. detail control, error",
-    "error": "the replica's thread failed (a bug, not a database error). detail message",
-}
-
-ControlAction = Literal["kill", "stop", "pause", "cut_off", "skew", "add"]
 
 
 @dataclass(frozen=True)
@@ -152,24 +79,12 @@ class LeaderElectionConfig:
         return self.retry_period * (1.0 + rng.random() * JITTER_FACTOR)
 
 
-def create_objects(namespace: str, *, job: Any = None, name: str = "leader") -> tuple[Lease, Counter]:
-    """The Lease the replicas contend for (no holder yet) and the counter their guarded writes increment."""
-    lease = Lease.objects.create(namespace=namespace, name=name, job=job)
-    counter = Counter.objects.create(namespace=namespace, name=f"{name}-guarded", job=job)
-    return lease, counter
-
-
-def objects_of(job_id: int, name: str = "leader") -> tuple[Lease, Counter]:
-    """A job's Lease and guarded counter, as `create_objects` made them, read now (live state, summary)."""
-    return Lease.objects.get(job_id=job_id, name=name), Counter.objects.get(job_id=job_id, name=f"{name}-guarded")
-
-
 def identity(number: int) -> str:
     """A replica's holder identity in the Lease."""
     return f"replica-{number}"
 
 
-def _first_line(error: BaseException) -> str:
+def first_line(error: BaseException) -> str:
     text = str(error).strip()
     return (text.splitlines() or [type(error).__name__])[0][:200]
 
@@ -506,7 +421,7 @@ class LeaderElector:
     def _database_failed(self, error: BaseException, phase: str, attempt: int = 0) -> None:
         assert self.connection is not None
         self.connection.reset()
-        self.record("db_error", self.lease_id, attempt, detail={"phase": phase, "message": _first_line(error)})
+        self.record("db_error", self.lease_id, attempt, detail={"phase": phase, "message": first_line(error)})
 
     def _done(self) -> bool:
         return self.killed or self.stop_requested or self._end.is_set()
@@ -596,324 +511,3 @@ def _with_version(record: LeaseRecord, written: Written) -> LeaseRecord:
         record.lease_transitions,
         written.resource_version,
     )
-
-
-def _upstream(using: str) -> tuple[str, int]:
-    """The real server's host (a socket folder or a name) and port, for a replica's proxy."""
-    params = settings.DATABASES[using]
-    return str(params.get("HOST") or ""), int(params.get("PORT") or 5432)
-
-
-@dataclass(frozen=True)
-class TimedControl:
-    """A failure control to apply `at_s` seconds after the replicas were released.
-
-    `replica` None hits whoever leads at that moment (waiting for a leader if there is
-    none yet); `seconds` is the pause, cut-off or skew length.
-    """
-
-    action: ControlAction
-    at_s: float
-    replica: int | None = None
-    seconds: float = 0.0
-
-
-class LeaderElection:
-    """R replicas contending for one Lease, as threads sharing a stop event, and their failure controls.
-
-    Controls take a replica number (1..R, and more once added) and may be called from any
-    thread while the election runs; on an unknown, killed, stopped or ended replica they
-    raise ValueError.
-    """
-
-    def __init__(
-        self,
-        *,
-        lease_id: int,
-        counter_id: int,
-        replicas: int,
-        record: Record,
-        stop: threading.Event,
-        config: LeaderElectionConfig | None = None,
-        seed: int | None = None,
-        using: str = "default",
-    ) -> None:
-        self.config = config or LeaderElectionConfig()
-        errors = self.config.validate()
-        if errors:
-            raise ValueError("; ".join(errors))
-        if replicas < 1:
-            raise ValueError("a leader election needs at least one replica")
-        self.lease_id = lease_id
-        self.counter_id = counter_id
-        self.record = record
-        self.seed = seed if seed is not None else random.randrange(2**32)
-        self.using = using
-        self.started_at: float | None = None  # time.monotonic() when the replicas were released
-        self._stop = stop
-        self._end = threading.Event()  # the replicas' own end: the stop event, or `seconds` elapsed
-        self._started = threading.Event()
-        self._lock = threading.Lock()
-        self._seconds: float | None = None
-        self._controls: list[TimedControl] = []
-        self._helpers: list[threading.Thread] = []
-        self._added: list[threading.Thread] = []
-        self._errors: list[BaseException] = []
-        self._proxy_process: ProxyProcess | None = None
-        self._electors = {number: self._elector(number) for number in range(1, replicas + 1)}
-        self._reserved: set[int] = set()  # lanes of the election that are no replica (outside writers)
-        self._initial = list(self._electors.values())
-
-    def _elector(self, number: int) -> LeaderElector:
-        return LeaderElector(
-            number,
-            lease_id=self.lease_id,
-            counter_id=self.counter_id,
-            config=self.config,
-            record=self.record,
-            end=self._end,
-            rng=random.Random(self.seed * 1_000 + number),
-            proxies=self._proxy,
-            using=self.using,
-            on_started=self._on_started,
-        )
-
-    # -- running ----------------------------------------------------------------------------------
-
-    def actors(self) -> list[Actor]:
-        """The initial replicas as actors `act(ready)`: connect, `ready()` at the barrier, then elect."""
-        return [elector.run for elector in self._initial]
-
-    def schedule(self, *controls: TimedControl) -> None:
-        """Apply `controls` at their times after the release (call before `run`)."""
-        self._controls.extend(controls)
-
-    def run(self, seconds: float | None = None, run_actors: Callable[[Sequence[Actor]], None] | None = None) -> None:
-        """Run the replicas until the stop event is set, or `seconds` after their release.
-
-        `run_actors` is the job's (JobContext.run_actors: a barrier, then all released at once);
-        without it the election runs its own threads behind a barrier. Leaders release on the
-        way out when ReleaseOnCancel is set. The election lasts that long even if every replica
-        was killed (one may still be added); it returns when every replica has ended.
-        """
-        self._seconds = seconds
-        try:
-            (run_actors or self._run_threads)(self.actors())
-            if self._started.is_set():
-                # The initial replicas may all be gone (killed, stopped) while added ones run, or
-                # before one is added: the election itself lasts until its stop event or its time.
-                self._end.wait()
-        finally:
-            self._end.set()
-            self._wake_all()
-            for thread in [*self._added, *self._helpers]:
-                thread.join()
-            if self._proxy_process is not None:
-                self._proxy_process.close()
-        if self._errors:
-            raise self._errors[0]
-
-    def _run_threads(self, actors: Sequence[Actor]) -> None:
-        barrier = threading.Barrier(len(actors))
-
-        def main(actor: Actor) -> None:
-            try:
-                actor(barrier.wait)
-            except threading.BrokenBarrierError:
-                pass  # another replica failed before the start: its error is the one raised
-            except BaseException as error:
-                logger.exception("leader election: a replica failed")
-                self._errors.append(error)
-                barrier.abort()
-                self._end.set()
-                self._wake_all()
-
-        threads = [
-            threading.Thread(target=main, args=(actor,), name=f"replica-{n}") for n, actor in enumerate(actors, 1)
-        ]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-
-    def _proxy(self, name: str) -> DatabaseProxy:
-        """A proxy for replica `name`, in the election's proxy process (started with the first replica)."""
-        with self._lock:
-            if self._proxy_process is None:
-                self._proxy_process = ProxyProcess(*_upstream(self.using))
-            process = self._proxy_process
-        return process.proxy(name)
-
-    def _on_started(self) -> None:
-        # Called by every replica past the barrier; the first one starts the clock and the helpers.
-        with self._lock:
-            if self._started.is_set():
-                return
-            self.started_at = time.monotonic()
-            self._started.set()
-            self._helpers = [
-                threading.Thread(target=self._watch_end, name="election-end", daemon=True),
-                threading.Thread(target=self._run_schedule, name="election-controls", daemon=True),
-            ]
-        for thread in self._helpers:
-            thread.start()
-
-    def _watch_end(self) -> None:
-        """End the replicas when the job's stop event is set or the election's time is up."""
-        assert self.started_at is not None
-        deadline = self.started_at + self._seconds if self._seconds is not None else math.inf
-        while not self._end.is_set():
-            remaining = deadline - time.monotonic()
-            # Polled: a thread cannot wait on two events, and the replicas wait on their own.
-            if remaining <= 0 or self._stop.wait(min(0.05, remaining)):
-                break
-        self._end.set()
-        self._wake_all()
-
-    def _wake_all(self) -> None:
-        for elector in list(self._electors.values()):
-            elector.wake()
-
-    def _run_schedule(self) -> None:
-        assert self.started_at is not None
-        for control in sorted(self._controls, key=lambda c: c.at_s):
-            if self._end.wait(max(0.0, self.started_at + control.at_s - time.monotonic())):
-                return
-            try:
-                self.apply(control, wait_for_leader_s=math.inf)
-            except ValueError as error:
-                actor = control.replica or 0
-                self.record(actor, 0, 0, "control_failed", detail={"control": control.action, "error": str(error)})
-
-    def apply(self, control: TimedControl, *, wait_for_leader_s: float = 0.0) -> int:
-        """Apply `control` now (its `at_s` aside): what a scheduled control, or a page's button, does.
-
-        With no replica named it hits whoever leads, waiting up to `wait_for_leader_s` for
-        one. Returns the replica it hit (or added); ValueError as the controls raise it, or
-        when no replica leads.
-        """
-        if control.action == "add":
-            return self.add_replica()
-        target = control.replica
-        if target is None:
-            target = self.wait_for_leader(wait_for_leader_s)
-            if target is None:
-                raise ValueError("No replica leads now.")
-        match control.action:
-            case "kill":
-                self.kill(target)
-            case "stop":
-                self.stop(target)
-            case "pause":
-                self.pause(target, control.seconds)
-            case "cut_off":
-                self.cut_off(target, control.seconds)
-            case "skew":
-                self.skew(target, control.seconds)
-        return target
-
-    # -- looking ----------------------------------------------------------------------------------
-
-    @property
-    def replicas(self) -> list[int]:
-        """Every replica's number, the added ones too."""
-        return sorted(self._electors)
-
-    def elector(self, replica: int) -> LeaderElector:
-        """Replica `replica`'s elector, dead or alive (ValueError if there is no such replica)."""
-        elector = self._electors.get(replica)
-        if elector is None:
-            raise ValueError(f"There is no replica {replica}: the replicas are 1 to {max(self._electors)}.")
-        return elector
-
-    def alive(self) -> list[int]:
-        """The replicas still running (paused and cut-off ones included)."""
-        # list(): a replica may be added meanwhile, from another thread.
-        electors = sorted(list(self._electors.items()))
-        return [n for n, e in electors if not (e.killed or e.stop_requested or e.finished)]
-
-    def leader(self) -> int | None:
-        """The replica that leads now: of those that believe they lead, the newest (highest token)."""
-        leading = [e for e in list(self._electors.values()) if e.leading and not (e.killed or e.stop_requested)]
-        if not leading:
-            return None
-        return max(leading, key=lambda e: e.token or 0).number
-
-    def wait_for_leader(self, timeout: float, *, other_than: Iterable[int] = ()) -> int | None:
-        """Wait up to `timeout` seconds for a leader (not one of `other_than`); its number, or None."""
-        excluded = set(other_than)
-        deadline = time.monotonic() + timeout
-        while True:
-            leader = self.leader()
-            if leader is not None and leader not in excluded:
-                return leader
-            if time.monotonic() >= deadline or self._end.wait(0.01):
-                return None
-
-    # -- the failure controls -----------------------------------------------------------------------
-
-    def _alive(self, replica: int) -> LeaderElector:
-        if not self._started.is_set() or self._end.is_set():
-            raise ValueError("The election is not running.")
-        elector = self.elector(replica)
-        if elector.killed:
-            raise ValueError(f"Replica {replica} was killed.")
-        if elector.stop_requested or elector.finished:
-            raise ValueError(f"Replica {replica} was stopped.")
-        return elector
-
-    def kill(self, replica: int) -> None:
-        """Kill the replica: it stops at once, releases nothing, and its connection is dropped."""
-        self._alive(replica).kill()
-
-    def stop(self, replica: int) -> None:
-        """Stop the replica gracefully: it releases the lease if it holds it (with ReleaseOnCancel)."""
-        self._alive(replica).request_stop()
-
-    def pause(self, replica: int, seconds: float) -> None:
-        """A stop-the-world pause of `seconds`: a leader wakes believing it leads and writes before renewing."""
-        _positive(seconds, "A pause")
-        self._alive(replica).pause(seconds)
-
-    def cut_off(self, replica: int, seconds: float) -> None:
-        """Cut the replica off from the database for `seconds`: its connection drops, reconnects fail."""
-        _positive(seconds, "A cut-off")
-        self._alive(replica).cut_off(seconds)
-
-    def skew(self, replica: int, seconds: float) -> None:
-        """Make the replica's wall clock run `seconds` off (negative: behind)."""
-        if not math.isfinite(seconds):
-            raise ValueError("A clock skew must be a finite number of seconds.")
-        self._alive(replica).skew(seconds)
-
-    def add_replica(self) -> int:
-        """A new replica joins the election now; its number."""
-        with self._lock:
-            if not self._started.is_set() or self._end.is_set():
-                raise ValueError("The election is not running.")
-            number = max(self._electors.keys() | self._reserved) + 1
-            elector = self._electors[number] = self._elector(number)
-            thread = threading.Thread(target=self._run_added, args=(elector,), name=f"replica-{number}")
-            self._added.append(thread)
-        self.record(number, 0, 0, "added")
-        thread.start()
-        return number
-
-    def reserve_number(self) -> int:
-        """A number no replica has or will have: the lane of an outside writer to the Lease."""
-        with self._lock:
-            number = max(self._electors.keys() | self._reserved) + 1
-            self._reserved.add(number)
-            return number
-
-    def _run_added(self, elector: LeaderElector) -> None:
-        try:
-            elector.run(lambda: None)
-        except Exception as error:
-            logger.exception("leader election: %s failed", elector.identity)
-            self.record(elector.number, elector.op, 0, "error", detail={"message": _first_line(error)})
-
-
-def _positive(seconds: float, what: str) -> None:
-    if not (math.isfinite(seconds) and seconds > 0):
-        raise ValueError(f"{what} must last a positive number of seconds.")
