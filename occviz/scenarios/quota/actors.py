@@ -1,4 +1,4 @@
-"""The quota race's actors: the API server's quota admission and the quota controller.
+"""The quota race's actors: the API server's quota admission workers and the quota controller.
 
 Admission, as the API server does it for each pod, is occviz.store.admission's `charge`
 (the HTTP API's pod creates run the same): read the quota, check `hard - used`, write the
@@ -48,6 +48,11 @@ _READ_QUOTA = (
 )
 # Every pod in the job's namespace counts, the job's and those created over the API alike.
 _STORED_PODS = "SELECT name, coalesce((requests ->> %s)::bigint, 0) FROM store_pod WHERE namespace = %s"
+
+
+def admission_workers(params: Mapping[str, Any]) -> int:
+    """How many admission workers a job runs: as many as asked, but no more than there are pods."""
+    return min(int(params["workers"]), int(params["pods"]))
 
 
 def quantity(amounts: Mapping[str, Any] | None) -> int:

@@ -1,26 +1,15 @@
-"""The quota race: what the rest of the app knows of it (form, presets, kinds, figures, state, summary).
+"""The quota race: the declaration (form, presets, kinds, figures).
 
-P pods, each requesting g GPUs, are created at once against a namespace's
-ResourceQuota by a pool of admission workers (admission.py); a set share of the creates
-fail after their usage was charged, and the quota controller repairs the leak every
-resync period. The job checks that admitted usage never exceeded `hard` and that, once
-no admission was under way, a resync left `used` equal to what the pods that exist request.
-
-Pods created and deleted over the HTTP API in the job's namespace go through the same
-admission (occviz.store.admission) and contend for the same quota row: their writes to the
-quota are followed as events on a lane named after their writer, their pods count as pods
-that exist, and their charges and releases count in the admitted usage the verdict checks.
+P pods, each requesting g GPUs, are created at once against a namespace's ResourceQuota
+by a pool of admission workers; a set share of the creates fail after their usage was
+charged, and the quota controller repairs the leak every resync period (actors.py). A job
+of it is job.py, and its verdict summary.py.
 """
 
 from __future__ import annotations
 
-import json
-import random
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
-
-from django.conf import settings
-from django.db import connection, transaction
 
 from occviz.scenarios.base import (
     ERROR,
@@ -34,16 +23,9 @@ from occviz.scenarios.base import (
     WholeNumberField,
     check_limit,
 )
-from occviz.scenarios.outside import Payload, outside_conflict_kind, outside_deleted_kind, outside_write
-from occviz.scenarios.quota.admission import (
-    CONTROLLER,
-    QUOTA_NAME,
-    RESOURCE,
-    Admission,
-    ChargeLedger,
-    QuotaController,
-    quantity,
-)
+from occviz.scenarios.outside import outside_conflict_kind, outside_deleted_kind
+from occviz.scenarios.quota import job
+from occviz.scenarios.quota.actors import CONTROLLER, QUOTA_NAME, RESOURCE, admission_workers
 from occviz.store.admission import ADMISSION_RETRIES
 from occviz.store.models import ResourceQuota, conflict_message
 
@@ -112,255 +94,7 @@ class QuotaForm(ScenarioForm):
         return data
 
 
-def _workers(params: Mapping[str, Any]) -> int:
-    return min(int(params["workers"]), int(params["pods"]))
-
-
-def run(context: JobContext) -> dict[str, Any]:
-    job, params = context.job, context.params
-    namespace = f"job-{job.pk}"
-    quota = ResourceQuota.objects.create(
-        namespace=namespace, name=QUOTA_NAME, hard={RESOURCE: params["hard"]}, used={RESOURCE: 0}, job=job
-    )
-    seed = params["seed"] if params.get("seed") is not None else random.randrange(2**32)
-    ledger = ChargeLedger(params["hard"])
-    admission = Admission(
-        job_id=job.pk,
-        namespace=namespace,
-        quota_id=quota.pk,
-        pods=params["pods"],
-        request=params["request"],
-        think_ms=params["think_ms"],
-        failure_rate=params["create_failure_rate"],
-        seed=seed,
-        recorder=context.recorder,
-        stop=context.stop,
-        ledger=ledger,
-    )
-    seconds = params.get("seconds")
-    controller = QuotaController(admission, params["resync_seconds"], until_repaired=seconds is None)
-    workers = [admission.worker(CONTROLLER + n) for n in range(1, _workers(params) + 1)]
-    lanes = iter(range(_workers(params) + CONTROLLER + 1, 2**31))
-    context.on_outside_write(
-        lambda payload: record_outside_write(context, quota.pk, payload), next_actor=lanes.__next__
-    )
-    context.run_actors([controller.run, *workers], time_limit_s=float(seconds or settings.OCCVIZ_MAX_SECONDS))
-    with transaction.atomic():
-        # The quota locked while the last outside writes are handed over: none lands between them and the summary's.
-        list(ResourceQuota.objects.filter(pk=quota.pk).select_for_update().values_list("pk"))
-        context.settle_outside_writes()
-    context.recorder.flush()
-    return summarize(job.pk, params, ledger, context.elapsed_s, seed)
-
-
-def record_outside_write(context: JobContext, quota_id: int, payload: Payload) -> None:
-    """A write to the job's quota from outside (an API pod's admission or release, a kubectl edit), on its lane.
-
-    value_read/value_written: `used` before and after; detail.delta (after - before) is a
-    charge when positive, a release when negative: the summary counts them as admitted usage.
-    """
-    if payload.get("resource") != ResourceQuota.kind_plural or payload.get("object_id") != quota_id:
-        return
-    write = outside_write(context, payload)
-    before, after = quantity(write.before.get("used")), quantity(write.after.get("used"))
-    detail = dict(write.detail, hard=quantity(write.after.get("hard")))
-    fields: dict[str, Any] = {"version_read": write.version_read, "value_read": before}
-    if write.type == "MODIFIED":
-        detail["delta"] = after - before
-        kind = "outside_charge" if after > before else "outside_release" if after < before else "outside_write"
-        fields.update(version_written=write.version_written, value_written=after)
-    elif write.type == "CONFLICT":
-        kind = "outside_conflict"
-        fields.update(value_written=after)
-    elif write.type == "DELETED":
-        kind = "outside_deleted"
-    else:
-        return
-    context.recorder.record(write.actor, 0, 1, kind, quota_id, detail=detail, **fields)
-
-
-def _counts(job_id: int) -> dict[str, int]:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT kind, count(*) FROM jobs_event WHERE job_id = %s GROUP BY kind", [job_id])
-        return {kind: int(count) for kind, count in cursor.fetchall()}
-
-
-def _resyncs(job_id: int) -> list[dict[str, Any]]:
-    """The controller's recalculations that ended (repaired, or found nothing to repair), in order."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT kind, value_read, value_written, detail FROM jobs_event "
-            "WHERE job_id = %s AND kind IN ('resync', 'resync_in_sync') ORDER BY seq",
-            [job_id],
-        )
-        return [
-            {"kind": kind, "used_before": before, "used_after": after, **_detail(detail)}
-            for kind, before, after, detail in cursor.fetchall()
-        ]
-
-
-def _detail(detail: Any) -> dict[str, Any]:
-    # The events view gives detail back as JSON text through Django's cursor.
-    return json.loads(detail) if isinstance(detail, str) else dict(detail or {})
-
-
-def stored(job_id: int) -> tuple[int, int]:
-    """(quota's used, what the pods that exist in its namespace request, the job's and the API's), as stored now."""
-    quota = ResourceQuota.objects.filter(job_id=job_id, name=QUOTA_NAME).values_list("used", "namespace").first()
-    used, namespace = quota if quota is not None else (None, f"job-{job_id}")
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT coalesce(sum((requests ->> %s)::bigint), 0) FROM store_pod WHERE namespace = %s",
-            [RESOURCE, namespace],
-        )
-        actual = int(cursor.fetchone()[0])
-    return quantity(used), actual
-
-
-def peak_admitted(job_id: int) -> int:
-    """The most usage admitted pods held at once, the job's and the API's, in the order of the quota's versions.
-
-    Every charge and release is a write of the quota, so its version orders them all, whenever
-    the outside ones were handed to the job. A charge whose pod's create failed is left out (it
-    never held anything); a resync's write is neither.
-    """
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT kind, op, version_written, value_read, value_written, detail FROM jobs_event "
-            "WHERE job_id = %s AND kind IN ('admitted', 'create_failed', 'outside_charge', 'outside_release')",
-            [job_id],
-        )
-        rows = cursor.fetchall()
-    failed = {op for kind, op, *_ in rows if kind == "create_failed"}
-    changes = []
-    for kind, op, version, before, after, detail in rows:
-        if kind == "admitted" and op not in failed:
-            changes.append((int(version), int(after) - int(before)))
-        elif kind.startswith("outside_"):
-            changes.append((int(version), int(_detail(detail)["delta"])))
-    held = peak = 0
-    for _, delta in sorted(changes):
-        held += delta
-        peak = max(peak, held)
-    return peak
-
-
-def summarize(
-    job_id: int, params: Mapping[str, Any], ledger: ChargeLedger, elapsed_s: float, seed: int
-) -> dict[str, Any]:
-    """The job's figures from its stored events and objects, and the invariant's verdict."""
-    counts = _counts(job_id)
-    resyncs = _resyncs(job_id)
-    used_final, actual_final = stored(job_id)
-    hard = int(params["hard"])
-    repairs = [resync for resync in resyncs if resync["kind"] == "resync" and resync.get("released", 0) > 0]
-    gap = used_final - actual_final
-    leaked = gap if gap > 0 or not repairs else int(repairs[-1]["released"])
-    # A resync with nothing under way: the one check of `used` against what exists that must hold exactly.
-    quiet = [resync for resync in resyncs if not resync["admitting"] and not resync["in_flight"]]
-    quiet_wrong = [resync for resync in quiet if resync["used_after"] != resync["exists"]]
-    most_held = max(ledger.most_held, peak_admitted(job_id))
-    over_admitted = max(ledger.over_admitted, most_held - hard, actual_final - hard, 0)
-    outside_admitted, outside_released = counts.get("outside_charge", 0), counts.get("outside_release", 0)
-    denied_exceeded = counts.get("denied", 0)
-    denied_conflicts = counts.get("retries_exhausted", 0)
-    ends_settled = bool(quiet) and gap == 0
-    parts = []
-    counting = (
-        f", counting {outside_admitted} admitted and {outside_released} released from outside"
-        if outside_admitted or outside_released
-        else ""
-    )
-    if over_admitted:
-        parts.append(f"admitted usage reached {most_held} of hard {hard}{counting}: {over_admitted} over")
-    else:
-        parts.append(f"admitted usage never exceeded hard {hard} (at most {most_held}{counting})")
-    if quiet_wrong:
-        wrong = quiet_wrong[0]
-        parts.append(
-            f"a resync with nothing in flight left used {wrong['used_after']} for {wrong['exists']} that exist"
-        )
-    elif quiet:
-        parts.append(f"after the last quiet resync used {quiet[-1]['used_after']} = what exists")
-    if gap > 0 and not quiet_wrong:
-        parts.append(
-            f"a leak of {gap} stands (used {used_final}, pods that exist request {actual_final}): "
-            f"no resync after it within the job (period {params['resync_seconds']:g} s)"
-        )
-    elif repairs:
-        parts.append(f"the resync released {repairs[-1]['released']} leaked")
-    ok = over_admitted == 0 and not quiet_wrong
-    return {
-        "pods": params["pods"],
-        "hard": hard,
-        "request": params["request"],
-        "resource": RESOURCE,
-        "quota": QUOTA_NAME,
-        "workers": _workers(params),
-        "admitted": counts.get("admitted", 0),
-        "denied": denied_exceeded + denied_conflicts,
-        "denied_exceeded_quota": denied_exceeded,
-        "denied_after_retries": denied_conflicts,
-        "admission_conflicts": counts.get("conflict", 0),
-        "admission_retries": counts.get("retry", 0),
-        "create_failures": counts.get("create_failed", 0),
-        "stored_pods": counts.get("stored", 0),
-        "leaked": leaked,
-        "resyncs": len(resyncs),
-        "resync_repairs": counts.get("resync", 0),
-        "resync_conflicts": counts.get("resync_conflict", 0),
-        "used_final": used_final,
-        "actual_final": actual_final,
-        "most_admitted_usage": most_held,
-        "outside_admitted": outside_admitted,
-        "outside_released": outside_released,
-        "outside_conflicts": counts.get("outside_conflict", 0),
-        "outside_writes": sum(counts.get(kind, 0) for kind in _OUTSIDE_WRITES),
-        "over_admitted": over_admitted,
-        "settled": ends_settled,
-        "errors": counts.get("error", 0),
-        "seed": seed,
-        "invariant_ok": ok,
-        "invariant": "; ".join(parts),
-        "duration_s": round(elapsed_s, 4),
-    }
-
-
-def _manifest(quota: ResourceQuota) -> dict[str, Any]:
-    """The quota as `kubectl get resourcequota <name> -o yaml` shows it (the parts that matter here)."""
-    return {
-        "name": quota.name,
-        "namespace": quota.namespace,
-        "resourceVersion": str(quota.resource_version),
-        "hard": quantity(quota.hard),
-        "used": quantity(quota.used),
-    }
-
-
-def read_state(job_id: int, params: Mapping[str, Any]) -> State:
-    """The quota as stored now, and what the pods that exist request: the gap is the leak (or creates under way)."""
-    quota = ResourceQuota.objects.filter(job_id=job_id, name=QUOTA_NAME).first()
-    if quota is None:
-        return State({"quota": None, "actual": None}, {"used": None, "actual": None, "gap": None})
-    used, actual = stored(job_id)
-    hard = quantity(quota.hard)
-    scale = max(hard, used, actual, 1)
-    data = {
-        "quota": _manifest(quota),
-        "actual": actual,
-        "pods": actual // max(1, int(params.get("request") or 1)),
-        "gap": used - actual,
-        "bars": {
-            "used": round(100 * used / scale, 1),
-            "actual": round(100 * actual / scale, 1),
-            "hard": round(100 * hard / scale, 1),
-        },
-    }
-    return State(data, {"used": used, "actual": actual, "gap": used - actual})
-
-
 _QUOTA_409 = f"409 Conflict: {conflict_message(ResourceQuota, QUOTA_NAME)}"
-_OUTSIDE_WRITES = ("outside_charge", "outside_release", "outside_write")
 _DENIED_403 = "403 Forbidden: {detail.message}"
 
 
@@ -575,13 +309,13 @@ class QuotaRace(Scenario):
     )
 
     def run(self, context: JobContext) -> dict[str, Any]:
-        return run(context)
+        return job.run(context)
 
     def read_state(self, job_id: int, params: Mapping[str, Any]) -> State:
-        return read_state(job_id, params)
+        return job.read_state(job_id, params)
 
     def actor_names(self, params: Mapping[str, Any]) -> list[str]:
-        return [self.actor_name(n) for n in range(1, _workers(params) + CONTROLLER + 1)]
+        return [self.actor_name(n) for n in range(1, admission_workers(params) + CONTROLLER + 1)]
 
     def actor_name(self, number: int) -> str:
         return "quota-controller" if number == CONTROLLER else f"admission-{number - CONTROLLER}"

@@ -1,0 +1,130 @@
+"""A quota race job: its quota, the quota controller and the admission workers, outside writes, its live state.
+
+Pods created and deleted over the HTTP API in the job's namespace go through the same
+admission (occviz.store.admission) and contend for the same quota row: their writes to the
+quota are followed as events on a lane named after their writer, their pods count as pods
+that exist, and their charges and releases count in the admitted usage the verdict checks.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from django.conf import settings
+from django.db import transaction
+
+from occviz.scenarios.base import State
+from occviz.scenarios.outside import Payload, outside_write
+from occviz.scenarios.quota.actors import (
+    CONTROLLER,
+    QUOTA_NAME,
+    RESOURCE,
+    Admission,
+    ChargeLedger,
+    QuotaController,
+    admission_workers,
+    quantity,
+)
+from occviz.scenarios.quota.summary import stored, summarize
+from occviz.store.models import ResourceQuota
+
+if TYPE_CHECKING:
+    from occviz.jobs.context import JobContext
+
+
+def run(context: JobContext) -> dict[str, Any]:
+    job, params = context.job, context.params
+    namespace = f"job-{job.pk}"
+    quota = ResourceQuota.objects.create(
+        namespace=namespace, name=QUOTA_NAME, hard={RESOURCE: params["hard"]}, used={RESOURCE: 0}, job=job
+    )
+    seed = params["seed"] if params.get("seed") is not None else random.randrange(2**32)
+    ledger = ChargeLedger(params["hard"])
+    admission = Admission(
+        job_id=job.pk,
+        namespace=namespace,
+        quota_id=quota.pk,
+        pods=params["pods"],
+        request=params["request"],
+        think_ms=params["think_ms"],
+        failure_rate=params["create_failure_rate"],
+        seed=seed,
+        recorder=context.recorder,
+        stop=context.stop,
+        ledger=ledger,
+    )
+    seconds = params.get("seconds")
+    controller = QuotaController(admission, params["resync_seconds"], until_repaired=seconds is None)
+    workers = [admission.worker(CONTROLLER + n) for n in range(1, admission_workers(params) + 1)]
+    lanes = iter(range(admission_workers(params) + CONTROLLER + 1, 2**31))
+    context.on_outside_write(
+        lambda payload: record_outside_write(context, quota.pk, payload), next_actor=lanes.__next__
+    )
+    context.run_actors([controller.run, *workers], time_limit_s=float(seconds or settings.OCCVIZ_MAX_SECONDS))
+    with transaction.atomic():
+        # The quota locked while the last outside writes are handed over: none lands between them and the summary's.
+        list(ResourceQuota.objects.filter(pk=quota.pk).select_for_update().values_list("pk"))
+        context.settle_outside_writes()
+    context.recorder.flush()
+    return summarize(job.pk, params, ledger, context.elapsed_s, seed)
+
+
+def record_outside_write(context: JobContext, quota_id: int, payload: Payload) -> None:
+    """A write to the job's quota from outside (an API pod's admission or release, a kubectl edit), on its lane.
+
+    value_read/value_written: `used` before and after; detail.delta (after - before) is a
+    charge when positive, a release when negative: the summary counts them as admitted usage.
+    """
+    if payload.get("resource") != ResourceQuota.kind_plural or payload.get("object_id") != quota_id:
+        return
+    write = outside_write(context, payload)
+    before, after = quantity(write.before.get("used")), quantity(write.after.get("used"))
+    detail = dict(write.detail, hard=quantity(write.after.get("hard")))
+    fields: dict[str, Any] = {"version_read": write.version_read, "value_read": before}
+    if write.type == "MODIFIED":
+        detail["delta"] = after - before
+        kind = "outside_charge" if after > before else "outside_release" if after < before else "outside_write"
+        fields.update(version_written=write.version_written, value_written=after)
+    elif write.type == "CONFLICT":
+        kind = "outside_conflict"
+        fields.update(value_written=after)
+    elif write.type == "DELETED":
+        kind = "outside_deleted"
+    else:
+        return
+    context.recorder.record(write.actor, 0, 1, kind, quota_id, detail=detail, **fields)
+
+
+def _manifest(quota: ResourceQuota) -> dict[str, Any]:
+    """The quota as `kubectl get resourcequota <name> -o yaml` shows it (the parts that matter here)."""
+    return {
+        "name": quota.name,
+        "namespace": quota.namespace,
+        "resourceVersion": str(quota.resource_version),
+        "hard": quantity(quota.hard),
+        "used": quantity(quota.used),
+    }
+
+
+def read_state(job_id: int, params: Mapping[str, Any]) -> State:
+    """The quota as stored now, and what the pods that exist request: the gap is the leak (or creates under way)."""
+    quota = ResourceQuota.objects.filter(job_id=job_id, name=QUOTA_NAME).first()
+    if quota is None:
+        return State({"quota": None, "actual": None}, {"used": None, "actual": None, "gap": None})
+    used, actual = stored(job_id)
+    hard = quantity(quota.hard)
+    scale = max(hard, used, actual, 1)
+    data = {
+        "quota": _manifest(quota),
+        "actual": actual,
+        "pods": actual // max(1, int(params.get("request") or 1)),
+        "gap": used - actual,
+        "bars": {
+            "used": round(100 * used / scale, 1),
+            "actual": round(100 * actual / scale, 1),
+            "hard": round(100 * hard / scale, 1),
+        },
+    }
+    return State(data, {"used": used, "actual": actual, "gap": used - actual})
