@@ -20,10 +20,10 @@ from occviz.jobs.models import Job
 from occviz.jobs.runner import run_job
 from occviz.jobs.tasks import create_job
 from occviz.store import writes
-from occviz.store.admin import Loaded
 from occviz.store.cas import ANY, Add, compare_and_swap
 from occviz.store.merge import MINE, STORED, merged_changes, three_way
 from occviz.store.models import Change, Counter, Lease, Pod, ResourceQuota
+from occviz.store.versioned_admin import Loaded
 from occviz.store.writes import Writer
 
 pytestmark = pytest.mark.django_db

@@ -7,6 +7,7 @@ server's message. `charge` is that loop, with the reads and writes handed in: th
 race's admission workers write as the job does (its events are their record), the HTTP API
 writes through `occviz.store.writes` (a Change per write, handed to a job that owns the quota).
 `release` gives a deleted pod's charge back, as the quota controller's replenishment would.
+`recount` is the quota controller's full recalculation of `used` from the pods that exist.
 
 While a create is between its charge and its pod's write, the charge is not yet backed by a
 pod, and a recalculation of `used` from the pods that exist would release it (a delete between
@@ -17,14 +18,14 @@ exclusively, so a recalculation in any process sees each of them either done or 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Final
 
 from django.db import connection
 
-from occviz.store.models import ResourceQuota, conflict_message
+from occviz.store.models import Pod, ResourceQuota, conflict_message
 
 ADMISSION_RETRIES: Final = 3
 """The API server's quota admission retries a conflicting status write 3 times, then fails the create."""
@@ -171,3 +172,23 @@ def recalculating(quota_id: int) -> Iterator[None]:
 
 def usage_of(quota: ResourceQuota) -> QuotaUsage:
     return QuotaUsage(quota.name, dict(quota.hard or {}), dict(quota.used or {}), quota.resource_version)
+
+
+def charged_pods(namespace: str) -> dict[str, dict[str, Any]]:
+    """The pods of `namespace` a quota charges, by name, with their requests.
+
+    Every pod but a Failed one: as the API server's pod evaluator has it, a pod in a terminal
+    phase holds nothing, so a recalculation gives its charge back.
+    """
+    pods = Pod.objects.filter(namespace=namespace).exclude(phase=Pod.Phase.FAILED)
+    return {name: dict(requests or {}) for name, requests in pods.values_list("name", "requests")}
+
+
+def recount(namespace: str, resources: Iterable[str]) -> dict[str, int | float]:
+    """What the quota controller's full recalculation finds `used` to be: the charged pods' requests, per resource."""
+    used: dict[str, int | float] = dict.fromkeys(resources, 0)
+    for requests in charged_pods(namespace).values():
+        for resource, amount in requests.items():
+            if resource in used and isinstance(amount, int | float):
+                used[resource] += amount
+    return used

@@ -26,6 +26,7 @@ from occviz.concurrency.writer import Record
 from occviz.scenarios.leader_election.connection import DB_ERRORS, LeaseRecord, ReplicaConnection, Written
 from occviz.scenarios.leader_election.fencing import fenced_increment
 from occviz.scenarios.leader_election.proxy import DatabaseProxy
+from occviz.store.leases import released
 
 JITTER_FACTOR: Final = 1.2
 """client-go's JitterFactor: the acquire loop waits RetryPeriod to (1 + 1.2) x RetryPeriod."""
@@ -280,8 +281,7 @@ class LeaderElector:
             current = self.connection.read_lease(self.lease_id)
             if current.holder_identity != self.identity:
                 return False
-            wall = self.wall_clock()
-            desired = LeaseRecord("", 1, wall, wall, current.lease_transitions)
+            desired = LeaseRecord(**released(current.lease_transitions, self.wall_clock()))
             written = self.connection.write_lease(self.lease_id, current.resource_version, desired)
         except DB_ERRORS as error:
             self._database_failed(error, "release")

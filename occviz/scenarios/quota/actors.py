@@ -46,8 +46,6 @@ _READ_QUOTA = (
     "SELECT coalesce((hard ->> %s)::bigint, 0), coalesce((used ->> %s)::bigint, 0), resource_version "
     "FROM store_resourcequota WHERE id = %s"
 )
-# Every pod in the job's namespace counts, the job's and those created over the API alike.
-_STORED_PODS = "SELECT name, coalesce((requests ->> %s)::bigint, 0) FROM store_pod WHERE namespace = %s"
 
 
 def admission_workers(params: Mapping[str, Any]) -> int:
@@ -319,10 +317,8 @@ class QuotaController:
         return read_quota(self.admission.quota_id).used == sum(self._existing().values())
 
     def _existing(self) -> dict[str, int]:
-        """The pods in the namespace and what each requests."""
-        with connection.cursor() as cursor:
-            cursor.execute(_STORED_PODS, [RESOURCE, self.admission.namespace])
-            return {name: int(units) for name, units in cursor.fetchall()}
+        """The pods in the namespace the quota charges (store.admission.charged_pods) and what each requests."""
+        return {name: quantity(requests) for name, requests in admission.charged_pods(self.admission.namespace).items()}
 
     def resync(self) -> None:
         """Recalculate `used` from the pods that exist (and those being created); repair it if it differs."""

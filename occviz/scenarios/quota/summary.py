@@ -15,6 +15,7 @@ from typing import Any
 from django.db import connection
 
 from occviz.scenarios.quota.actors import QUOTA_NAME, RESOURCE, ChargeLedger, admission_workers, quantity
+from occviz.store import admission
 from occviz.store.models import ResourceQuota
 
 _OUTSIDE_WRITES = ("outside_charge", "outside_release", "outside_write")
@@ -46,15 +47,11 @@ def _detail(detail: Any) -> dict[str, Any]:
 
 
 def stored(job_id: int) -> tuple[int, int]:
-    """(quota's used, what the pods that exist in its namespace request, the job's and the API's), as stored now."""
+    """(quota's used, what the pods it charges in its namespace request, the job's and the API's), as stored now."""
     quota = ResourceQuota.objects.filter(job_id=job_id, name=QUOTA_NAME).values_list("used", "namespace").first()
     used, namespace = quota if quota is not None else (None, f"job-{job_id}")
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT coalesce(sum((requests ->> %s)::bigint), 0) FROM store_pod WHERE namespace = %s",
-            [RESOURCE, namespace],
-        )
-        actual = int(cursor.fetchone()[0])
+    # The pods the quota controller's recount charges: the same rule as its resync.
+    actual = sum(quantity(requests) for requests in admission.charged_pods(namespace).values())
     return quantity(used), actual
 
 
