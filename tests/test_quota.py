@@ -33,6 +33,7 @@ from occviz.scenarios.quota.actors import (
     read_quota,
     write_used,
 )
+from occviz.store import admission as store_admission
 from occviz.store.models import Pod, ResourceQuota
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -206,6 +207,21 @@ def test_a_resync_never_releases_a_charge_whose_create_is_under_way() -> None:
     recorder.flush()
     kinds = [event.kind for event in Event.objects.filter(job=job).order_by("seq")]
     assert kinds == ["resync_in_sync", "resync"]
+
+
+def test_a_resync_counts_the_pods_the_admin_recalculation_counts() -> None:
+    # One rule for what a quota charges, the quota controller's and the admin's: a Failed pod holds nothing.
+    job = Job.objects.create(scenario="quota", params={})
+    quota = ResourceQuota.objects.create(namespace="race", name="gpu-quota", hard={RESOURCE: 4}, used={RESOURCE: 4})
+    Pod.objects.create(namespace="race", name="running", requests={RESOURCE: 1}, phase="Running")
+    Pod.objects.create(namespace="race", name="pending", requests={RESOURCE: 2})
+    Pod.objects.create(namespace="race", name="failed", requests={RESOURCE: 1}, phase="Failed")
+    admission = Admission(
+        job_id=job.pk, namespace="race", quota_id=quota.pk, pods=1, request=1, think_ms=0, failure_rate=0.0, seed=1,
+        recorder=EventRecorder(job.pk), stop=threading.Event(), ledger=ChargeLedger(hard=4),
+    )  # fmt: skip
+    QuotaController(admission, resync_s=1.0, until_repaired=False).resync()
+    assert read_quota(quota.pk).used == 3 == store_admission.recount("race", [RESOURCE])[RESOURCE]
 
 
 def test_a_resync_waits_for_a_charge_being_written() -> None:
