@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from django.db import connection
@@ -27,18 +28,59 @@ def _counts(job_id: int) -> dict[str, int]:
         return {kind: int(count) for kind, count in cursor.fetchall()}
 
 
-def _resyncs(job_id: int) -> list[dict[str, Any]]:
-    """The controller's recalculations that ended (repaired, or found nothing to repair), in order."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT kind, value_read, value_written, detail FROM jobs_event "
-            "WHERE job_id = %s AND kind IN ('resync', 'resync_in_sync') ORDER BY seq",
-            [job_id],
-        )
-        return [
-            {"kind": kind, "used_before": before, "used_after": after, **_detail(detail)}
-            for kind, before, after, detail in cursor.fetchall()
-        ]
+@dataclass(frozen=True)
+class Resyncs:
+    """The quota controller's recalculations that ended (repaired, or found nothing to repair), in order."""
+
+    done: list[dict[str, Any]]
+
+    @classmethod
+    def of(cls, job_id: int) -> Resyncs:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT kind, value_read, value_written, detail FROM jobs_event "
+                "WHERE job_id = %s AND kind IN ('resync', 'resync_in_sync') ORDER BY seq",
+                [job_id],
+            )
+            return cls(
+                [
+                    {"kind": kind, "used_before": before, "used_after": after, **_detail(detail)}
+                    for kind, before, after, detail in cursor.fetchall()
+                ]
+            )
+
+    @property
+    def repairs(self) -> list[dict[str, Any]]:
+        return [resync for resync in self.done if resync["kind"] == "resync" and resync.get("released", 0) > 0]
+
+    @property
+    def quiet(self) -> list[dict[str, Any]]:
+        """Those with nothing under way: the one check of `used` against what exists that must hold exactly."""
+        return [resync for resync in self.done if not resync["admitting"] and not resync["in_flight"]]
+
+    @property
+    def quiet_wrong(self) -> list[dict[str, Any]]:
+        return [resync for resync in self.quiet if resync["used_after"] != resync["exists"]]
+
+    def said(self, used_final: int, actual_final: int, period_s: float) -> list[str]:
+        """What the resyncs did to `used`, and the leak that stands if none came after it."""
+        parts = []
+        if self.quiet_wrong:
+            wrong = self.quiet_wrong[0]
+            parts.append(
+                f"a resync with nothing in flight left used {wrong['used_after']} for {wrong['exists']} that exist"
+            )
+        elif self.quiet:
+            parts.append(f"after the last quiet resync used {self.quiet[-1]['used_after']} = what exists")
+        gap = used_final - actual_final
+        if gap > 0 and not self.quiet_wrong:
+            parts.append(
+                f"a leak of {gap} stands (used {used_final}, pods that exist request {actual_final}): "
+                f"no resync after it within the job (period {period_s:g} s)"
+            )
+        elif self.repairs:
+            parts.append(f"the resync released {self.repairs[-1]['released']} leaked")
+        return parts
 
 
 def _detail(detail: Any) -> dict[str, Any]:
@@ -99,22 +141,17 @@ def summarize(
 ) -> dict[str, Any]:
     """The job's figures from its stored events and objects, and the invariant's verdict."""
     counts = _counts(job_id)
-    resyncs = _resyncs(job_id)
+    resyncs = Resyncs.of(job_id)
     used_final, actual_final = stored(job_id)
     hard = int(params["hard"])
-    repairs = [resync for resync in resyncs if resync["kind"] == "resync" and resync.get("released", 0) > 0]
     gap = used_final - actual_final
-    leaked = gap if gap > 0 or not repairs else int(repairs[-1]["released"])
-    # A resync with nothing under way: the one check of `used` against what exists that must hold exactly.
-    quiet = [resync for resync in resyncs if not resync["admitting"] and not resync["in_flight"]]
-    quiet_wrong = [resync for resync in quiet if resync["used_after"] != resync["exists"]]
+    leaked = gap if gap > 0 or not resyncs.repairs else int(resyncs.repairs[-1]["released"])
     most_held = max(ledger.most_held, peak_admitted(job_id))
     over_admitted = max(ledger.over_admitted, most_held - hard, actual_final - hard, 0)
     outside_admitted, outside_released = counts.get("outside_charge", 0), counts.get("outside_release", 0)
     denied_exceeded = counts.get("denied", 0)
     denied_conflicts = counts.get("retries_exhausted", 0)
-    ends_settled = bool(quiet) and gap == 0
-    parts = []
+    used_peak = peak_used(job_id)
     counting = (
         f", counting {outside_admitted} admitted and {outside_released} released from outside"
         if outside_admitted or outside_released
@@ -123,33 +160,14 @@ def summarize(
     # Two different things: what the admitted pods held at once (the invariant), and `used`, which
     # also carries the charges of creates that failed until a resync releases them.
     if over_admitted:
-        parts.append(f"the pods admitted held {most_held} at once{counting}: {over_admitted} over hard {hard}")
+        held = f"the pods admitted held {most_held} at once{counting}: {over_admitted} over hard {hard}"
     else:
-        parts.append(f"the pods admitted never held more than hard {hard} (at most {most_held} at once{counting})")
-    used_peak = peak_used(job_id)
-    parts.append(
-        f"the charged used peaked at {used_peak}"
-        + (
-            ": it also carries the charges of creates that failed, until a resync"
-            if counts.get("create_failed")
-            else ""
-        )
+        held = f"the pods admitted never held more than hard {hard} (at most {most_held} at once{counting})"
+    charged = f"the charged used peaked at {used_peak}" + (
+        ": it also carries the charges of creates that failed, until a resync" if counts.get("create_failed") else ""
     )
-    if quiet_wrong:
-        wrong = quiet_wrong[0]
-        parts.append(
-            f"a resync with nothing in flight left used {wrong['used_after']} for {wrong['exists']} that exist"
-        )
-    elif quiet:
-        parts.append(f"after the last quiet resync used {quiet[-1]['used_after']} = what exists")
-    if gap > 0 and not quiet_wrong:
-        parts.append(
-            f"a leak of {gap} stands (used {used_final}, pods that exist request {actual_final}): "
-            f"no resync after it within the job (period {params['resync_seconds']:g} s)"
-        )
-    elif repairs:
-        parts.append(f"the resync released {repairs[-1]['released']} leaked")
-    ok = over_admitted == 0 and not quiet_wrong
+    parts = [held, charged, *resyncs.said(used_final, actual_final, params["resync_seconds"])]
+    ok = over_admitted == 0 and not resyncs.quiet_wrong
     return {
         "pods": params["pods"],
         "hard": hard,
@@ -166,7 +184,7 @@ def summarize(
         "create_failures": counts.get("create_failed", 0),
         "stored_pods": counts.get("stored", 0),
         "leaked": leaked,
-        "resyncs": len(resyncs),
+        "resyncs": len(resyncs.done),
         "resync_repairs": counts.get("resync", 0),
         "resync_conflicts": counts.get("resync_conflict", 0),
         "used_final": used_final,
@@ -178,7 +196,7 @@ def summarize(
         "outside_conflicts": counts.get("outside_conflict", 0),
         "outside_writes": sum(counts.get(kind, 0) for kind in _OUTSIDE_WRITES),
         "over_admitted": over_admitted,
-        "settled": ends_settled,
+        "settled": bool(resyncs.quiet) and gap == 0,
         "errors": counts.get("error", 0),
         "seed": seed,
         "invariant_ok": ok,
