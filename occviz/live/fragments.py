@@ -14,10 +14,13 @@ from typing import TYPE_CHECKING, Any
 
 from django.template.loader import render_to_string
 
+from occviz.jobs.snapshots import snapshot_at
+from occviz.live.frames import read_events
 from occviz.scenarios.base import Scenario, fill
 
 if TYPE_CHECKING:
-    from occviz.live.frames import Frame, Totals
+    from occviz.jobs.figures import Totals
+    from occviz.live.frames import Frame
     from occviz.live.jobstate import JobState
 
 LOG_LINES = 20
@@ -97,17 +100,20 @@ def frame_html(job: JobState, frame: Frame, log: LiveLog) -> str:
     return render(context(job, frame["totals"], frame["state"], log))
 
 
-def first_render_context(job: JobState) -> dict[str, Any]:
-    """The fragments' context as the stream would send it now: totals and state as of the last stored event."""
-    from occviz.live.frames import StoreReader
-
-    reader = StoreReader(job.info, after=max(0, job.last_seq - LOG_LINES))
-    frame = reader.next_frame(job.last_seq)
+def context_at(job: JobState, seq: int) -> dict[str, Any]:
+    """The fragments' context as of event `seq`: the snapshot at or before it, and the log of the events up to it."""
+    snapshot = snapshot_at(job.info.id, seq) if seq > 0 else None
     log = LiveLog(job.info.spec)
-    if frame is None:
-        return context(job, None, reader.state().data, log)
-    log.add(frame["events"])
-    return context(job, frame["totals"], frame["state"], log)
+    if seq > 0:
+        log.add(read_events(job.info.id, max(0, seq - LOG_LINES), min(seq, LOG_LINES)))
+    if snapshot is None:
+        return context(job, None, {}, log)
+    return context(job, snapshot["figures"], snapshot["state"], log)
+
+
+def first_render_context(job: JobState) -> dict[str, Any]:
+    """The fragments' context as the stream would send it now: as of the last stored event."""
+    return context_at(job, job.last_seq)
 
 
 def first_render(job: JobState, *, oob: bool = False) -> str:
