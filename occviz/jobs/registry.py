@@ -33,6 +33,7 @@ class JobProgram(Protocol):
     """A kind of job: validates its parameters and runs its actors."""
 
     name: str
+
     @property
     def figures(self) -> Sequence[Figure]:
         """What a viewer of its jobs is shown as numbers, counted from the events as they are stored."""
