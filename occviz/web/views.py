@@ -28,6 +28,7 @@ from django_htmx.middleware import HtmxDetails
 from occviz.jobs.models import Job, JobControl, JobNotRunning
 from occviz.jobs.reaper import end_if_stale
 from occviz.jobs.registry import ParamsError
+from occviz.jobs.snapshots import snapshot_or_empty
 from occviz.jobs.tasks import LaunchRefused, launch
 from occviz.live import fragments
 from occviz.live.jobstate import job_state
@@ -341,11 +342,52 @@ def job_export(request: HttpRequest, job_id: int, fmt: str) -> HttpResponseBase:
     return response
 
 
+def _seq_param(request: HttpRequest, job: Job) -> int:
+    """`?seq=N`: an event of the job (0: before its first); omitted, its last. ValueError says what is wrong."""
+    raw = request.GET.get("seq", "")
+    if raw == "":
+        return job.last_seq
+    try:
+        seq = _whole_number(raw)
+    except ValueError:
+        raise ValueError(f"seq must be a whole number in the digits 0-9, not {raw!r}.") from None
+    if seq > job.last_seq:
+        raise ValueError(f"seq={seq} is beyond the job's last event ({job.last_seq}).")
+    return seq
+
+
+@require_safe
+@_json_login_required
+def job_snapshot(request: HttpRequest, job_id: int) -> HttpResponse:
+    """What the job showed as of event `?seq=N` (the snapshot at or before it; N omitted: the latest)."""
+    job = get_object_or_404(Job, pk=job_id)
+    try:
+        seq = _seq_param(request, job)
+    except ValueError as error:
+        return JsonResponse({"error": str(error)}, status=400)
+    return JsonResponse(snapshot_or_empty(job.pk, seq))
+
+
+@require_safe
+@login_required
+def job_fragments(request: HttpRequest, job_id: int) -> HttpResponse:
+    """The job page's figures, state and log as of event `?seq=N`, for replay to swap in (the live page's own)."""
+    job = get_object_or_404(Job, pk=job_id)
+    try:
+        seq = _seq_param(request, job)
+    except ValueError as error:
+        return HttpResponseBadRequest(str(error), content_type="text/plain; charset=utf-8")
+    context = fragments.context_at(job_state(job), seq)
+    return HttpResponse(fragments.render(context, "figures", "state", "log"))
+
+
 @require_safe
 @login_required
 def job_replay(request: HttpRequest, job_id: int) -> HttpResponse:
     job = get_object_or_404(Job.objects.select_related("created_by"), pk=job_id)
-    return render(request, "web/job_replay.html", _job_context(request, job))
+    # Before the first event: what the page shows at the replay's start, until the script swaps in each moment.
+    live = fragments.context_at(job_state(job), 0)
+    return render(request, "web/job_replay.html", {**_job_context(request, job), "live": live})
 
 
 @require_safe
