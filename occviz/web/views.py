@@ -347,10 +347,9 @@ def _seq_param(request: HttpRequest, job: Job) -> int:
     raw = request.GET.get("seq", "")
     if raw == "":
         return job.last_seq
-    try:
-        seq = _whole_number(raw)
-    except ValueError:
-        raise ValueError(f"seq must be a whole number in the digits 0-9, not {raw!r}.") from None
+    if not (raw.isascii() and raw.isdigit()):
+        raise ValueError(f"seq must be a whole number (0 or more) in the digits 0-9, not {raw!r}.")
+    seq = int(raw)
     if seq > job.last_seq:
         raise ValueError(f"seq={seq} is beyond the job's last event ({job.last_seq}).")
     return seq
