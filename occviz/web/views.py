@@ -442,13 +442,28 @@ def _summary_value(job: Job, key: str) -> Any:
 
 
 def _compare_rows(jobs: list[Job]) -> list[tuple[str, list[Any]]]:
-    """The figures each job's scenario compares, in order, once each (jobs of several scenarios: all of them)."""
-    compared: dict[str, str] = {}
+    """Each job's figures as its final snapshot has them, then what else its scenario compares (its parameters,
+    the summary's verdict figures), in order, once each (jobs of several scenarios: all of them)."""
+    finals = [snapshot_or_empty(job.pk, job.last_seq)["figures"] for job in jobs]
+    rows: dict[str, tuple[str, list[Any]]] = {}
+    for job in jobs:
+        spec = _spec(job)
+        for figure in spec.shown_figures() if spec else ():
+            if figure.key not in rows:
+                rows[figure.key] = (figure.label, [_figure_text(final.get(figure.key)) for final in finals])
     for job in jobs:
         spec = _spec(job)
         for key, label in spec.compared if spec else ():
-            compared.setdefault(key, label)
-    return [(label, [_summary_value(job, key) for job in jobs]) for key, label in compared.items()]
+            if key not in rows:
+                rows[key] = (label, [_summary_value(other, key) for other in jobs])
+    return list(rows.values())
+
+
+def _figure_text(value: Any) -> Any:
+    """A figure as the page shows it: percentiles as p50 / p95 / p99."""
+    if isinstance(value, dict):
+        return " / ".join("\u2013" if value.get(p) is None else f"{value[p]:g}" for p in ("p50", "p95", "p99"))
+    return value
 
 
 def _watched(resource: str) -> str:
