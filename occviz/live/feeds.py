@@ -55,11 +55,12 @@ class JobFeed:
         self.changed = asyncio.Event()
         self._reader = StoreReader(state.info, state.last_seq)
         self.log = fragments.LiveLog(state.info.spec)
+        self._fragments = fragments.FrameFragments()
         self._advancing = asyncio.Lock()
         self._heard = asyncio.Event()
         self._channel = ""
         self._tasks: list[asyncio.Task[None]] = []
-        self._texts: dict[tuple[int, int, bool], str] = {}
+        self._texts: dict[tuple[int, int, bool, bool], str] = {}
         self._end_html: str | None = None
         self._ending = asyncio.Lock()
         self.viewers = 0
@@ -84,12 +85,12 @@ class JobFeed:
             found.append(frame.after(position) if not found else frame)
         return found
 
-    def encoded(self, parts: list[WireFrame], *, html: bool = False) -> str:
+    def encoded(self, parts: list[WireFrame], *, html: bool = False, whole: bool = False) -> str:
         """One message for consecutive frames, built once for all the viewers that are sent the same range."""
-        key = (parts[0].seq_from, parts[-1].seq_to, html)
+        key = (parts[0].seq_from, parts[-1].seq_to, html, whole)
         text = self._texts.get(key)
         if text is None:
-            text = wire_text(self.job_id, parts, html=html)
+            text = wire_text(self.job_id, parts, html=html, whole=whole)
             if len(self._texts) >= 2 * len(self.frames) + 16:
                 self._texts.clear()  # a cache of the window's ranges only: viewers are rarely far apart
             self._texts[key] = text
@@ -220,7 +221,7 @@ class JobFeed:
         wire = WireFrame.encoded(frame)
         if self.html_viewers:
             self.log.add(frame["events"])
-            wire.html = fragments.frame_html(self.state, frame, self.log)
+            wire.html, wire.changed_html = self._fragments.next(self.state, frame, self.log)
         return wire
 
     def _notify(self) -> None:

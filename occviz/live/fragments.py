@@ -91,13 +91,28 @@ def figure_values(spec: Scenario, totals: Totals | None) -> list[dict[str, Any]]
 
 
 def render(ctx: dict[str, Any], *partials: str, oob: bool = True) -> str:
+    return "".join(render_parts(ctx, *partials, oob=oob).values())
+
+
+def render_parts(ctx: dict[str, Any], *partials: str, oob: bool = True) -> dict[str, str]:
+    """Each partial rendered, by name, in the page's order."""
     ctx = {**ctx, "oob": oob}
-    return "".join(render_to_string(f"{TEMPLATE}#{name}", ctx) for name in partials or PARTIALS)
+    return {name: render_to_string(f"{TEMPLATE}#{name}", ctx) for name in partials or PARTIALS}
 
 
-def frame_html(job: JobState, frame: Frame, log: LiveLog) -> str:
-    """The fragments as of `frame`, for the viewers it is sent to (`log` has been given its events)."""
-    return render(context(job, frame["totals"], frame["state"], log))
+class FrameFragments:
+    """Renders a job's fragments frame after frame and tells which changed, keeping one string per unchanged partial."""
+
+    def __init__(self) -> None:
+        self.latest: dict[str, str] = {}
+
+    def next(self, job: JobState, frame: Frame, log: LiveLog) -> tuple[dict[str, str], dict[str, str]]:
+        """(every partial as of `frame`, those that differ from the frame before); `log` has been given its events."""
+        rendered = render_parts(context(job, frame["totals"], frame["state"], log))
+        changed = {name: html for name, html in rendered.items() if self.latest.get(name) != html}
+        # An unchanged partial keeps the previous frame's string: the window holds each text once.
+        self.latest = {name: changed.get(name) or self.latest[name] for name in rendered}
+        return dict(self.latest), changed
 
 
 def context_at(job: JobState, seq: int) -> dict[str, Any]:

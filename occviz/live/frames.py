@@ -114,14 +114,16 @@ class WireFrame:
     encodes its frames as it reads them, in the database thread.
     """
 
-    __slots__ = ("_events_json", "_tail_json", "frame", "html")
+    __slots__ = ("_events_json", "_tail_json", "changed_html", "frame", "html")
 
     def __init__(self, frame: Frame) -> None:
         self.frame = frame
         self._events_json: str | None = None
         self._tail_json: str | None = None
-        self.html: str | None = None
-        """The page's fragments as of this frame, when someone in this process watches with `html=1`."""
+        self.html: dict[str, str] | None = None
+        """The page's fragments (by partial) as of this frame, when someone in this process watches with `html=1`."""
+        self.changed_html: dict[str, str] | None = None
+        """Those of them that differ from the frame before's."""
 
     @classmethod
     def encoded(cls, frame: Frame) -> WireFrame:
@@ -162,20 +164,27 @@ class WireFrame:
             return self
         events = [event for event in self.frame["events"] if event["seq"] > position]
         part = WireFrame({**self.frame, "seq_from": events[0]["seq"], "events": events})
-        part.html = self.html
+        part.html, part.changed_html = self.html, self.changed_html
         return part
 
 
-def wire_text(job_id: int, parts: Sequence[WireFrame], *, html: bool = False) -> str:
+def wire_text(job_id: int, parts: Sequence[WireFrame], *, html: bool = False, whole: bool = False) -> str:
     """One `frame` message covering consecutive `parts` (seq_from of the first to seq_to of the last).
 
-    With `html`, the page's fragments as of the last part go with it (when it has them).
+    With `html`, the page's fragments that changed over these parts go with it, as of the
+    last part (when it has them): a fragment no frame changed is not sent again. With
+    `whole`, every fragment goes (a viewer's first message, which may follow a gap).
     """
-    fragments = parts[-1].html if html else None
+    fragments: dict[str, str] = {}
+    if html and whole:
+        fragments = parts[-1].html or {}
+    elif html:
+        for part in parts:
+            fragments.update(part.changed_html or {})
     return (
         f'{{"type":"frame","job":{job_id},"seq_from":{parts[0].seq_from},"seq_to":{parts[-1].seq_to},'
         f'"events":[{",".join(part.events_json for part in parts)}]{parts[-1].tail_json}'
-        + ("}" if fragments is None else f',"html":{json.dumps(fragments)}}}')
+        + (f',"html":{json.dumps("".join(fragments.values()))}}}' if fragments else "}")
     )
 
 
