@@ -18,8 +18,10 @@ from django.conf import settings
 from django.db import connections
 from django.utils import timezone
 
+from occviz.jobs.figures import Totals
 from occviz.jobs.models import Job, JobControl
 from occviz.jobs.recorder import EventRecorder
+from occviz.jobs.snapshots import snapshot_or_empty
 
 logger = logging.getLogger(__name__)
 
@@ -117,6 +119,15 @@ class JobContext:
                     outcome = str(refused)
             if outcome:
                 JobControl.objects.filter(pk=control.pk).update(outcome=outcome)
+
+    def final_figures(self) -> Totals:
+        """The job's figures as it ends: everything recorded so far stored, and its snapshot's figures.
+
+        A program's summary starts from them (and adds its invariant), so the summary says what
+        the live page, replay and compare show.
+        """
+        self.recorder.flush()
+        return snapshot_or_empty(self.job.pk, self.recorder.last_seq)["figures"]
 
     def request_stop(self, reason: str) -> None:
         if not self.stop.is_set():

@@ -7,6 +7,8 @@ stores them as one EventBatch row (an array per column) and moves `Job.last_seq`
 the same transaction, so a reader that sees `last_seq = n` finds every event up to n.
 The same statement reads the job's cancel flag, which is how a cancel reaches the
 actors (`on_cancel`), and its count of requested controls (`on_controls` when it moves).
+With a `snapshot` callback, each batch row also keeps what the job shows as of its last
+event (`occviz.jobs.snapshots`), made in the same transaction.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from django.db import connection, transaction
@@ -45,6 +47,8 @@ EVENT_COLUMNS = (
 Columns = dict[str, Sequence[Any]]
 # (seq_from, seq_to, columns) after each stored batch
 FlushListener = Callable[[int, int, Columns], None]
+# (seq_to, columns) -> what the job shows as of seq_to, stored with the batch
+SnapshotMaker = Callable[[int, Columns], Mapping[str, Any]]
 
 
 # What an EventBatch stores of each event: an array per column, times as whole microseconds;
@@ -67,17 +71,17 @@ BATCH_COLUMNS: dict[str, tuple[int, bool]] = {
 _INSERT = (
     "INSERT INTO jobs_eventbatch (job_id, seq_from, seq_to, "
     + ", ".join(f'"{name}"' for name in BATCH_COLUMNS)
-    + ", detail) VALUES ($1, $2, $3, "
+    + ", detail, snapshot) VALUES ($1, $2, $3, "
     + ", ".join(
         f"array_replace(${n}, {arrays.NONE}, NULL)" if nullable else f"${n}"
         for n, (_, nullable) in enumerate(BATCH_COLUMNS.values(), start=4)
     )
-    + f", ${len(BATCH_COLUMNS) + 4})"
+    + f", ${len(BATCH_COLUMNS) + 4}, ${len(BATCH_COLUMNS) + 5})"
 ).encode()
 _INT8, _JSONB = 20, 3802
-_PARAM_TYPES = [_INT8, _INT8, _INT8, *(arrays.ARRAY_OIDS[oid] for oid, _ in BATCH_COLUMNS.values()), _JSONB]
+_PARAM_TYPES = [_INT8, _INT8, _INT8, *(arrays.ARRAY_OIDS[oid] for oid, _ in BATCH_COLUMNS.values()), _JSONB, _JSONB]
 # scalars as text, arrays in binary
-_PARAM_FORMATS = [0, 0, 0, *[1] * len(BATCH_COLUMNS), 0]
+_PARAM_FORMATS = [0, 0, 0, *[1] * len(BATCH_COLUMNS), 0, 0]
 _KIND_BYTES: dict[str, bytes] = {}
 
 
@@ -87,7 +91,9 @@ def _array(values: Sequence[Any], element_oid: int, nullable: bool) -> bytes:
     return arrays.int_array(arrays.with_none(values) if nullable else values, element_oid)
 
 
-def _insert_batch(job_id: int, seq_from: int, seq_to: int, columns: Columns) -> None:
+def _insert_batch(
+    job_id: int, seq_from: int, seq_to: int, columns: Columns, snapshot: Mapping[str, Any] | None = None
+) -> None:
     """One EventBatch row, straight over libpq with binary arrays (Django's cursor would send text)."""
     details = {str(position): detail for position, detail in enumerate(columns["detail"]) if detail}
     values = [
@@ -96,6 +102,7 @@ def _insert_batch(job_id: int, seq_from: int, seq_to: int, columns: Columns) -> 
         str(seq_to).encode(),
         *(_array(columns[name], oid, nullable) for name, (oid, nullable) in BATCH_COLUMNS.items()),
         json.dumps(details).encode(),
+        None if snapshot is None else json.dumps(snapshot, separators=(",", ":")).encode(),
     ]
     pgconn = connection.connection.pgconn
     check(pgconn.exec_params(_INSERT, values, _PARAM_TYPES, _PARAM_FORMATS))
@@ -106,10 +113,13 @@ class JobDeleted(Exception):
 
 
 class EventRecorder:
-    def __init__(self, job_id: int, *, interval: float = 0.1, last_seq: int = 0) -> None:
+    def __init__(
+        self, job_id: int, *, interval: float = 0.1, last_seq: int = 0, snapshot: SnapshotMaker | None = None
+    ) -> None:
         self.job_id = job_id
         self.interval = interval
         self.last_seq = last_seq
+        self.snapshot = snapshot
         self.on_cancel: Callable[[], None] = lambda: None
         self.on_controls: Callable[[], None] = lambda: None
         self.controls_seen = 0
@@ -236,7 +246,8 @@ class EventRecorder:
                 seq_to = row[2]
                 seq_from = seq_to - len(recorded) + 1
                 if recorded:
-                    _insert_batch(self.job_id, seq_from, seq_to, columns)
+                    snapshot = None if self.snapshot is None else self.snapshot(seq_to, columns)
+                    _insert_batch(self.job_id, seq_from, seq_to, columns, snapshot)
         except JobDeleted:
             logger.warning(
                 "job %s was deleted while running: stopping it, %d events dropped", self.job_id, len(recorded)

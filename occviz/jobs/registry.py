@@ -3,19 +3,22 @@
 The runner knows no scenario and no websocket. Scenarios register themselves as
 programs (`occviz.scenarios`, when the app loads), the live stream registers its
 publisher as an observer (`occviz.live`), and a test can register a program of its
-own. Everything the runner needs of a program is `clean()` and `run()`; a launch also asks
-it for `connections()`.
+own. Everything the runner needs of a program is `clean()` and `run()`, and what it shows
+after each stored batch (`figures`, `read_state()`: stored as the batch's snapshot); a
+launch also asks it for `connections()`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from occviz.jobs.context import JobContext
+    from occviz.jobs.figures import Figure
     from occviz.jobs.models import Job
     from occviz.jobs.recorder import Columns
+    from occviz.jobs.snapshots import State
 
 
 class ParamsError(Exception):
@@ -31,6 +34,11 @@ class JobProgram(Protocol):
 
     name: str
 
+    @property
+    def figures(self) -> Sequence[Figure]:
+        """What a viewer of its jobs is shown as numbers, counted from the events as they are stored."""
+        ...
+
     def clean(self, data: Mapping[str, Any]) -> dict[str, Any]:
         """The cleaned parameters, or ParamsError."""
         ...
@@ -41,6 +49,10 @@ class JobProgram(Protocol):
 
     def connections(self, params: Mapping[str, Any]) -> int:
         """How many database connections its actors open, for the cleaned `params` (the launch budget)."""
+        ...
+
+    def read_state(self, job_id: int, params: Mapping[str, Any]) -> State:
+        """Its job's contended objects as they are now: called in the runner's process after each stored batch."""
         ...
 
 

@@ -32,6 +32,7 @@ from occviz.jobs.context import JobContext
 from occviz.jobs.models import Job
 from occviz.jobs.recorder import EventRecorder
 from occviz.jobs.registry import observers_for, program
+from occviz.jobs.snapshots import Snapshotter
 
 logger = logging.getLogger(__name__)
 
@@ -148,7 +149,11 @@ def run_job(job_id: int, *, runner: str | None = None) -> Job:
         logger.info("job %s is %s, not queued: not running it", job.pk, job.status)
         return job
     runnable = program(job.scenario)
-    recorder = EventRecorder(job.pk, last_seq=job.last_seq)
+    params = dict(job.params)
+    snapshots = Snapshotter(
+        job.pk, runnable.figures, lambda: runnable.read_state(job.pk, params), last_seq=job.last_seq
+    )
+    recorder = EventRecorder(job.pk, last_seq=job.last_seq, snapshot=snapshots.take)
     observers = observers_for(job)
     recorder.listeners.extend(observer.stored for observer in observers)
     context = JobContext(job, recorder)

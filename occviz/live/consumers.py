@@ -166,11 +166,18 @@ class JobEventsConsumer(RefusingConsumer):
 
     async def _stream(self, after: int) -> None:
         job_id = self.state.info.id
+        # Until this viewer has had every fragment once, its messages carry them all: before the feed's
+        # frames it may have read history from the store (frames without fragments), or nothing.
+        whole = True
         async for frames in self.follow(after):
             # consecutive frames go as one message, up to MAX_EVENTS_PER_FRAME events
             for run in merge_runs(frames):
                 feed = self.feed
-                await self.send(text_data=feed.encoded(run, html=self.html) if feed else wire_text(job_id, run))
+                if feed is None or run[-1].html is None:
+                    await self.send(text_data=wire_text(job_id, run))
+                    continue
+                await self.send(text_data=feed.encoded(run, html=self.html, whole=whole))
+                whole = False
         end = self.state.end()
         if self.html:
             feed = self.feed

@@ -34,7 +34,6 @@ from occviz.live import fragments
 from occviz.live.frames import StoreReader, WireFrame, wire_text
 from occviz.live.jobstate import JobState, aread_job_state
 from occviz.live.publish import group_name
-from occviz.scenarios.base import State
 
 logger = logging.getLogger(__name__)
 
@@ -55,13 +54,13 @@ class JobFeed:
         self.known_seq = state.last_seq
         self.changed = asyncio.Event()
         self._reader = StoreReader(state.info, state.last_seq)
-        self._state: State | None = None
         self.log = fragments.LiveLog(state.info.spec)
+        self._fragments = fragments.FrameFragments()
         self._advancing = asyncio.Lock()
         self._heard = asyncio.Event()
         self._channel = ""
         self._tasks: list[asyncio.Task[None]] = []
-        self._texts: dict[tuple[int, int, bool], str] = {}
+        self._texts: dict[tuple[int, int, bool, bool], str] = {}
         self._end_html: str | None = None
         self._ending = asyncio.Lock()
         self.viewers = 0
@@ -86,12 +85,12 @@ class JobFeed:
             found.append(frame.after(position) if not found else frame)
         return found
 
-    def encoded(self, parts: list[WireFrame], *, html: bool = False) -> str:
+    def encoded(self, parts: list[WireFrame], *, html: bool = False, whole: bool = False) -> str:
         """One message for consecutive frames, built once for all the viewers that are sent the same range."""
-        key = (parts[0].seq_from, parts[-1].seq_to, html)
+        key = (parts[0].seq_from, parts[-1].seq_to, html, whole)
         text = self._texts.get(key)
         if text is None:
-            text = wire_text(self.job_id, parts, html=html)
+            text = wire_text(self.job_id, parts, html=html, whole=whole)
             if len(self._texts) >= 2 * len(self.frames) + 16:
                 self._texts.clear()  # a cache of the window's ranges only: viewers are rarely far apart
             self._texts[key] = text
@@ -166,7 +165,6 @@ class JobFeed:
     async def handle(self, message: dict[str, Any]) -> None:
         if message.get("type") == "job.progress":
             self.known_seq = max(self.known_seq, int(message["seq_to"]))
-            self._state = State(message.get("state") or {}, message.get("state_figures") or {})
             await self._advance()
         elif message.get("type") == "job.status":
             state = await aread_job_state(self.job_id)
@@ -185,7 +183,6 @@ class JobFeed:
                 state = await aread_job_state(self.job_id)
                 if state is not None and (state.status != self.state.status or state.last_seq > self.known_seq):
                     self._set_state(state)
-                    self._state = None  # the state in hand is from the last message: read it afresh
                     await self._advance()
             except asyncio.CancelledError:
                 raise
@@ -204,7 +201,7 @@ class JobFeed:
         async with self._advancing:
             while self._reader.position < self.known_seq:
                 # read and encoded in the database thread, once for every viewer in this process
-                frame = await database_sync_to_async(self._read_encoded)(self.known_seq, self._state)
+                frame = await database_sync_to_async(self._read_encoded)(self.known_seq)
                 if frame is None:
                     break
                 self.frames.append(frame)
@@ -217,14 +214,14 @@ class JobFeed:
             if self.ended:
                 self._notify()
 
-    def _read_encoded(self, upto: int, state: State | None) -> WireFrame | None:
-        frame = self._reader.next_frame(upto, state)
+    def _read_encoded(self, upto: int) -> WireFrame | None:
+        frame = self._reader.next_frame(upto)
         if frame is None:
             return None
         wire = WireFrame.encoded(frame)
         if self.html_viewers:
             self.log.add(frame["events"])
-            wire.html = fragments.frame_html(self.state, frame, self.log)
+            wire.html, wire.changed_html = self._fragments.next(self.state, frame, self.log)
         return wire
 
     def _notify(self) -> None:

@@ -14,10 +14,13 @@ from typing import TYPE_CHECKING, Any
 
 from django.template.loader import render_to_string
 
+from occviz.jobs.snapshots import snapshot_at
+from occviz.live.frames import read_events
 from occviz.scenarios.base import Scenario, fill
 
 if TYPE_CHECKING:
-    from occviz.live.frames import Frame, Totals
+    from occviz.jobs.figures import Totals
+    from occviz.live.frames import Frame
     from occviz.live.jobstate import JobState
 
 LOG_LINES = 20
@@ -88,26 +91,44 @@ def figure_values(spec: Scenario, totals: Totals | None) -> list[dict[str, Any]]
 
 
 def render(ctx: dict[str, Any], *partials: str, oob: bool = True) -> str:
+    return "".join(render_parts(ctx, *partials, oob=oob).values())
+
+
+def render_parts(ctx: dict[str, Any], *partials: str, oob: bool = True) -> dict[str, str]:
+    """Each partial rendered, by name, in the page's order."""
     ctx = {**ctx, "oob": oob}
-    return "".join(render_to_string(f"{TEMPLATE}#{name}", ctx) for name in partials or PARTIALS)
+    return {name: render_to_string(f"{TEMPLATE}#{name}", ctx) for name in partials or PARTIALS}
 
 
-def frame_html(job: JobState, frame: Frame, log: LiveLog) -> str:
-    """The fragments as of `frame`, for the viewers it is sent to (`log` has been given its events)."""
-    return render(context(job, frame["totals"], frame["state"], log))
+class FrameFragments:
+    """Renders a job's fragments frame after frame and tells which changed, keeping one string per unchanged partial."""
+
+    def __init__(self) -> None:
+        self.latest: dict[str, str] = {}
+
+    def next(self, job: JobState, frame: Frame, log: LiveLog) -> tuple[dict[str, str], dict[str, str]]:
+        """(every partial as of `frame`, those that differ from the frame before); `log` has been given its events."""
+        rendered = render_parts(context(job, frame["totals"], frame["state"], log))
+        changed = {name: html for name, html in rendered.items() if self.latest.get(name) != html}
+        # An unchanged partial keeps the previous frame's string: the window holds each text once.
+        self.latest = {name: changed.get(name) or self.latest[name] for name in rendered}
+        return dict(self.latest), changed
+
+
+def context_at(job: JobState, seq: int) -> dict[str, Any]:
+    """The fragments' context as of event `seq`: the snapshot at or before it, and the log of the events up to it."""
+    snapshot = snapshot_at(job.info.id, seq) if seq > 0 else None
+    log = LiveLog(job.info.spec)
+    if seq > 0:
+        log.add(read_events(job.info.id, max(0, seq - LOG_LINES), min(seq, LOG_LINES)))
+    if snapshot is None:
+        return context(job, None, {}, log)
+    return context(job, snapshot["figures"], snapshot["state"], log)
 
 
 def first_render_context(job: JobState) -> dict[str, Any]:
-    """The fragments' context as the stream would send it now: totals and state as of the last stored event."""
-    from occviz.live.frames import StoreReader
-
-    reader = StoreReader(job.info, after=max(0, job.last_seq - LOG_LINES))
-    frame = reader.next_frame(job.last_seq)
-    log = LiveLog(job.info.spec)
-    if frame is None:
-        return context(job, None, reader.state().data, log)
-    log.add(frame["events"])
-    return context(job, frame["totals"], frame["state"], log)
+    """The fragments' context as the stream would send it now: as of the last stored event."""
+    return context_at(job, job.last_seq)
 
 
 def first_render(job: JobState, *, oob: bool = False) -> str:

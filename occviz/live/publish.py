@@ -2,18 +2,18 @@
 
 `JobPublisher` is a job observer (the live app registers it with the runner). After
 each stored batch (at most about ten a second, the recorder's flush interval) it sends
-one small message to the channel group `job-<id>`: the sequence number reached, the
-running totals and the scenario's live state (the contended objects). The events
-themselves are not in the message: they are in PostgreSQL, and each web process reads
-a new range once for all its viewers (`occviz.live.feeds`). Keeping messages small
-keeps them under PostgreSQL's 8000-byte NOTIFY payload on the default layer.
+one small message to the channel group `job-<id>`: the sequence number reached. The
+events, and the snapshot of what the job shows as of each batch, are in PostgreSQL, and
+each web process reads a new range once for all its viewers (`occviz.live.feeds`).
+Keeping messages small keeps them well under PostgreSQL's 8000-byte NOTIFY payload on
+the default layer.
 
 The channel layer may drop a message, and it must never slow the job down: the
 flusher thread only hands the message to a sender thread with its own event loop,
 and a newer progress message for a job replaces one that is still waiting.
 
 Message shapes (the `type` names the consumer handler, as Channels does):
-    {"type": "job.progress", "job": 7, "seq_to": 1234, "totals": {...}, "state": {...}, "state_figures": {...}}
+    {"type": "job.progress", "job": 7, "seq_to": 1234}
     {"type": "job.status", "job": 7, "status": "succeeded", "last_seq": 1234}
 """
 
@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING, Any
 from channels.layers import get_channel_layer
 
 from occviz.jobs.recorder import Columns
-from occviz.live.frames import JobInfo, RunningTotals
 
 if TYPE_CHECKING:
     from occviz.jobs.models import Job
@@ -132,26 +131,11 @@ class JobPublisher:
     """Job observer: after each stored batch, one `job.progress` message to the job's group; at the end, its status."""
 
     def __init__(self, job: Job) -> None:
-        self.job = JobInfo(id=job.pk, scenario=job.scenario, strategy=job.strategy, params=dict(job.params))
+        self.job_id = job.pk
         self.group = group_name(job.pk)
-        # a job resumed mid-way starts from what is stored; a new one from zero (no query)
-        self.totals = RunningTotals.from_store(job.pk, job.last_seq, self.job.spec.figures)
 
     def stored(self, seq_from: int, seq_to: int, columns: Columns) -> None:
-        self.totals.add_columns(columns)
-        # One cheap query per flush (at most ten a second): the contended objects as they are now.
-        state = self.job.read_state()
-        _sender.send(
-            self.group,
-            {
-                "type": "job.progress",
-                "job": self.job.id,
-                "seq_to": seq_to,
-                "totals": self.totals.snapshot(state.figures),
-                "state": state.data,
-                "state_figures": state.figures,
-            },
-        )
+        _sender.send(self.group, {"type": "job.progress", "job": self.job_id, "seq_to": seq_to})
 
     def ended(self, job: Job) -> None:
         publish_status(job, job.last_seq)

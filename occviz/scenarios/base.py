@@ -30,7 +30,9 @@ from django import forms
 from django.conf import settings
 from django.core.exceptions import ValidationError
 
+from occviz.jobs.figures import Figure
 from occviz.jobs.registry import ParamsError
+from occviz.jobs.snapshots import State
 
 if TYPE_CHECKING:
     from occviz.jobs.context import JobContext
@@ -137,31 +139,6 @@ ERROR = EventKind("error", "error", ("{who} failed: {detail.message}",), "#7a101
 """Recorded by the runner when an actor fails: every scenario's vocabulary has it."""
 
 
-@dataclass(frozen=True)
-class Figure:
-    """One figure of a job, counted from its events (or reported by its live state).
-
-    Exactly one source: `count` (events of these kinds), `per_second` (those kinds per
-    second of the job's clock), `total_ms` (the sum of `duration_ms` over these kinds),
-    `percentiles` (p50/p95/p99 of `latency_ms` over these kinds) or `from_state`.
-    """
-
-    key: str
-    label: str
-    count: tuple[str, ...] = ()
-    per_second: tuple[str, ...] = ()
-    total_ms: tuple[str, ...] = ()
-    percentiles: tuple[str, ...] = ()
-    from_state: bool = False
-    alarm: bool = False
-    """Shown in red when above zero (lost updates, stale writes that landed)."""
-    shown: bool = True
-    """In the page's figures panel (some exist only for the stream's totals)."""
-
-    def as_json(self) -> dict[str, Any]:
-        return {key: list(value) if isinstance(value, tuple) else value for key, value in asdict(self).items()}
-
-
 class ScenarioForm(forms.Form):
     """A scenario's parameters form: a field left blank takes its initial value, the only default it has."""
 
@@ -195,14 +172,6 @@ class Control:
     """The control starts a new actor (its row appears once the control is applied)."""
     seconds: tuple[float, float] | None = None
     """The control lasts a number of seconds, within this range (a clock skew may be negative)."""
-
-
-@dataclass
-class State:
-    """A job's contended objects as they are now: `data` goes into each frame, `figures` into its totals."""
-
-    data: dict[str, Any] = field(default_factory=dict)
-    figures: dict[str, Any] = field(default_factory=dict)
 
 
 class Scenario:

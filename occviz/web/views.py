@@ -28,6 +28,7 @@ from django_htmx.middleware import HtmxDetails
 from occviz.jobs.models import Job, JobControl, JobNotRunning
 from occviz.jobs.reaper import end_if_stale
 from occviz.jobs.registry import ParamsError
+from occviz.jobs.snapshots import snapshot_or_empty
 from occviz.jobs.tasks import LaunchRefused, launch
 from occviz.live import fragments
 from occviz.live.jobstate import job_state
@@ -341,11 +342,51 @@ def job_export(request: HttpRequest, job_id: int, fmt: str) -> HttpResponseBase:
     return response
 
 
+def _seq_param(request: HttpRequest, job: Job) -> int:
+    """`?seq=N`: an event of the job (0: before its first); omitted, its last. ValueError says what is wrong."""
+    raw = request.GET.get("seq", "")
+    if raw == "":
+        return job.last_seq
+    if not (raw.isascii() and raw.isdigit()):
+        raise ValueError(f"seq must be a whole number (0 or more) in the digits 0-9, not {raw!r}.")
+    seq = int(raw)
+    if seq > job.last_seq:
+        raise ValueError(f"seq={seq} is beyond the job's last event ({job.last_seq}).")
+    return seq
+
+
+@require_safe
+@_json_login_required
+def job_snapshot(request: HttpRequest, job_id: int) -> HttpResponse:
+    """What the job showed as of event `?seq=N` (the snapshot at or before it; N omitted: the latest)."""
+    job = get_object_or_404(Job, pk=job_id)
+    try:
+        seq = _seq_param(request, job)
+    except ValueError as error:
+        return JsonResponse({"error": str(error)}, status=400)
+    return JsonResponse(snapshot_or_empty(job.pk, seq))
+
+
+@require_safe
+@login_required
+def job_fragments(request: HttpRequest, job_id: int) -> HttpResponse:
+    """The job page's figures, state and log as of event `?seq=N`, for replay to swap in (the live page's own)."""
+    job = get_object_or_404(Job, pk=job_id)
+    try:
+        seq = _seq_param(request, job)
+    except ValueError as error:
+        return HttpResponseBadRequest(str(error), content_type="text/plain; charset=utf-8")
+    context = fragments.context_at(job_state(job), seq)
+    return HttpResponse(fragments.render(context, "figures", "state", "log"))
+
+
 @require_safe
 @login_required
 def job_replay(request: HttpRequest, job_id: int) -> HttpResponse:
     job = get_object_or_404(Job.objects.select_related("created_by"), pk=job_id)
-    return render(request, "web/job_replay.html", _job_context(request, job))
+    # Before the first event: what the page shows at the replay's start, until the script swaps in each moment.
+    live = fragments.context_at(job_state(job), 0)
+    return render(request, "web/job_replay.html", {**_job_context(request, job), "live": live})
 
 
 @require_safe
@@ -401,13 +442,28 @@ def _summary_value(job: Job, key: str) -> Any:
 
 
 def _compare_rows(jobs: list[Job]) -> list[tuple[str, list[Any]]]:
-    """The figures each job's scenario compares, in order, once each (jobs of several scenarios: all of them)."""
-    compared: dict[str, str] = {}
+    """Each job's figures as its final snapshot has them, then what else its scenario compares (its parameters,
+    the summary's verdict figures), in order, once each (jobs of several scenarios: all of them)."""
+    finals = [snapshot_or_empty(job.pk, job.last_seq)["figures"] for job in jobs]
+    rows: dict[str, tuple[str, list[Any]]] = {}
+    for job in jobs:
+        spec = _spec(job)
+        for figure in spec.shown_figures() if spec else ():
+            if figure.key not in rows:
+                rows[figure.key] = (figure.label, [_figure_text(final.get(figure.key)) for final in finals])
     for job in jobs:
         spec = _spec(job)
         for key, label in spec.compared if spec else ():
-            compared.setdefault(key, label)
-    return [(label, [_summary_value(job, key) for job in jobs]) for key, label in compared.items()]
+            if key not in rows:
+                rows[key] = (label, [_summary_value(other, key) for other in jobs])
+    return list(rows.values())
+
+
+def _figure_text(value: Any) -> Any:
+    """A figure as the page shows it: percentiles as p50 / p95 / p99."""
+    if isinstance(value, dict):
+        return " / ".join("\u2013" if value.get(p) is None else f"{value[p]:g}" for p in ("p50", "p95", "p99"))
+    return value
 
 
 def _watched(resource: str) -> str:

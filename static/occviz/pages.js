@@ -3,7 +3,9 @@
    events feed the timeline and the rate chart, and each frame's server-rendered
    fragments (figures, state, log, status) are swapped in by id. It resumes with
    ?after=<last seq seen> after a drop and reads any gap from events.json; for a
-   finished job, or when websockets fail, it reads the stored events over HTTP. */
+   finished job, or when websockets fail, it reads the stored events over HTTP.
+   Replay draws the stored events up to the moment shown and swaps in the same
+   fragments as the server rendered them at that moment (/jobs/<id>/fragments/?seq=N). */
 "use strict";
 
 (function () {
@@ -161,11 +163,37 @@
     connect();
   }
 
+  /** Swaps in the server's fragments as of one event, one request at a time: the newest moment asked for wins. */
+  function fragmentsFollower(page) {
+    const url = page.dataset.fragmentsUrl;
+    let wanted = 0;
+    let shown = 0;
+    let busy = false;
+    const pull = async () => {
+      if (busy || wanted === shown) return;
+      busy = true;
+      const seq = wanted;
+      try {
+        const response = await fetch(`${url}?seq=${seq}`, { credentials: "same-origin" });
+        if (response.ok) O.swapFragments(await response.text());
+      } catch (error) {
+        console.warn("occviz:", error);
+      }
+      // Marked shown even when it failed: the next moment asks again, rather than this one forever.
+      shown = seq;
+      page.dataset.seqShown = String(seq);
+      busy = false;
+      pull();
+    };
+    return (seq) => {
+      wanted = seq;
+      pull();
+    };
+  }
+
   function replayPage(page) {
     const { model, timeline, rates } = vizParts(page);
-    const countersEl = page.querySelector("[data-counters]");
-    const stateEl = page.querySelector("[data-state]");
-    const logEl = page.querySelector("[data-log]");
+    const showFragments = fragmentsFollower(page);
     const play = page.querySelector("[data-play]");
     const speed = page.querySelector("[data-speed]");
     const scrub = page.querySelector("[data-scrub]");
@@ -174,6 +202,7 @@
     let all = [];
     let duration = 0;
     let shown = 0; // index into `all` of the first event not yet in the model
+    let seqShown = 0; // the highest seq among the events shown (events are in time order, seqs nearly so)
     let now = 0;
     let playing = false;
     let last = null;
@@ -186,13 +215,18 @@
         // Back in time: rebuild from the start (a few ms even for 100,000 events).
         model.reset();
         shown = 0;
+        seqShown = 0;
       }
-      const batch = [];
-      while (shown < all.length && all[shown].t_ms <= now) batch.push(all[shown++]);
-      // Replay feeds events in time order, so seq order is not the guard here: add them directly.
-      for (const e of batch) model.addOne(e);
+      while (shown < all.length && all[shown].t_ms <= now) {
+        const e = all[shown++];
+        // Replay feeds events in time order, so seq order is not the guard here: add them directly.
+        model.addOne(e);
+        if (e.seq > seqShown) seqShown = e.seq;
+      }
       scrub.value = String(now);
       clock.textContent = `${O.fmtMs(now)} of ${O.fmtMs(duration)}`;
+      // Figures, state and log as the server rendered them at this moment: the live page's own fragments.
+      showFragments(seqShown);
       schedule();
     };
 
@@ -201,10 +235,6 @@
       // The chart keeps the whole run's scale, so the lines grow into a fixed frame as time passes.
       const series = model.series(duration);
       rates.draw(series, { yMax, xMaxMs: duration, cursor: now });
-      O.renderFigures(countersEl, model.totals(now), model.vocabulary);
-      // The scenario's own script rebuilds its state at this moment (the counter's rows, a Lease).
-      if (stateEl && model.plugin.renderState) model.plugin.renderState(stateEl, model, now);
-      O.renderLog(logEl, model.events, model.vocabulary);
     };
     const schedule = scheduler(draw);
 

@@ -1,18 +1,19 @@
-/* occviz visual pieces: a job's event model, the swimlane timeline, the rate chart,
-   figures and the readable log. Plain JavaScript on <canvas>, no dependencies.
+/* occviz visual pieces: a job's events as the timeline and the rate chart draw them.
+   Plain JavaScript on <canvas>, no dependencies.
 
    Nothing here knows a scenario: the server announces each scenario's vocabulary (its
-   event kinds with their sentence, colour and mark; its figures; its actors) in the
-   stream's hello and in the page (json_script "scenario-vocabulary"). A scenario may add
-   a script of its own that registers a plug-in (Occviz.plugins[name]) to draw on the
-   lanes or to rebuild its state in replay. pages.js wires these to the pages. */
+   event kinds with their sentence, colour and mark; its actors) in the stream's hello and
+   in the page (json_script "scenario-vocabulary"). A scenario may add a script of its own
+   that registers a plug-in (Occviz.plugins[name]) to draw on the lanes. Nothing here
+   computes a figure or renders a job's state: the server renders those (the same
+   fragments live, in replay and for every viewer) and pages.js swaps them in. */
 "use strict";
 
 (function () {
   const BASE_BIN_MS = 100;
   // Bin widths for the rate chart, so that it never has more than about 150 points (as the server's).
   const DISPLAY_BINS_MS = [100, 250, 500, 1000, 2000, 5000, 10000, 30000, 60000];
-  // The timeline keeps at most this many events; figures and rates keep counting beyond it.
+  // The timeline keeps at most this many events; the rates keep counting beyond it.
   const MAX_KEPT_EVENTS = 200000;
   const FALLBACK_COLOR = "#7a1010";
   const plugins = {};
@@ -21,16 +22,6 @@
     return DISPLAY_BINS_MS.find((b) => durationMs / b <= 150) || DISPLAY_BINS_MS[DISPLAY_BINS_MS.length - 1];
   }
 
-  function percentile(sorted, p) {
-    if (!sorted.length) return null;
-    // Linear interpolation, as PostgreSQL's percentile_cont that the job's summary uses.
-    const pos = (sorted.length - 1) * p;
-    const lo = Math.floor(pos);
-    const hi = Math.ceil(pos);
-    return sorted[lo] + (sorted[hi] - sorted[lo]) * (pos - lo);
-  }
-
-  // The same formatting as the server's (occviz/scenarios/base.py format_ms).
   function fmtMs(ms) {
     if (ms == null) return "–";
     if (ms >= 10000) return (ms / 1000).toFixed(1) + " s";
@@ -106,7 +97,7 @@
     }
   }
 
-  /** Everything the pages show about a job, accumulated from its events in seq order. */
+  /** What the timeline and the rate chart draw of a job, accumulated from its events in seq order. */
   class JobModel {
     constructor(vocabulary) {
       this.vocabulary = vocabulary;
@@ -117,16 +108,11 @@
     reset() {
       this.events = [];
       this.lastSeq = 0;
-      this.counts = {};
-      this.totalMs = {};
-      this.latencies = {};
-      this.sorted = {};
       this.bins = {};
       for (const kind of this.vocabulary.rates) this.bins[kind] = [];
       this.maxT = 0;
       this.maxActor = this.vocabulary.actors.length;
       this.dropped = 0;
-      this.stateFigures = {};
       if (this.plugin.reset) this.plugin.reset(this);
     }
 
@@ -154,19 +140,9 @@
       // Events read back from the store may carry detail as JSON text rather than an object.
       if (typeof e.detail === "string") e.detail = e.detail ? JSON.parse(e.detail) : {};
       this.events.push(e);
-      this.counts[e.kind] = (this.counts[e.kind] || 0) + 1;
       if (e.t_ms > this.maxT) this.maxT = e.t_ms;
       if (e.actor > this.maxActor) this.maxActor = e.actor;
       if (e.detail && e.detail.lane) this.vocabulary.laneNames[e.actor] = e.detail.lane;
-      for (const figure of this.vocabulary.figures) {
-        if (figure.total_ms.includes(e.kind) && e.duration_ms) {
-          this.totalMs[figure.key] = (this.totalMs[figure.key] || 0) + e.duration_ms;
-        }
-        if (figure.percentiles.includes(e.kind) && e.latency_ms != null) {
-          (this.latencies[figure.key] = this.latencies[figure.key] || []).push(e.latency_ms);
-          this.sorted[figure.key] = null;
-        }
-      }
       if (e.kind in this.bins) {
         const bin = Math.max(0, Math.floor(e.t_ms / BASE_BIN_MS));
         const values = this.bins[e.kind];
@@ -174,28 +150,6 @@
         values[bin] += 1;
       }
       if (this.plugin.add) this.plugin.add(this, e);
-    }
-
-    count(kinds) {
-      return kinds.reduce((n, k) => n + (this.counts[k] || 0), 0);
-    }
-
-    /** The declared figures as of `elapsedMs` (the last event's time by default). */
-    totals(elapsedMs) {
-      const ms = elapsedMs != null ? elapsedMs : this.maxT;
-      const fromState = this.plugin.stateFigures ? this.plugin.stateFigures(this) : this.stateFigures;
-      const totals = { events: this.events.length + this.dropped, elapsed_ms: ms };
-      for (const f of this.vocabulary.figures) {
-        if (f.count.length) totals[f.key] = this.count(f.count);
-        else if (f.per_second.length) totals[f.key] = ms > 0 ? this.count(f.per_second) / (ms / 1000) : 0;
-        else if (f.total_ms.length) totals[f.key] = this.totalMs[f.key] || 0;
-        else if (f.percentiles.length) {
-          if (!this.sorted[f.key]) this.sorted[f.key] = (this.latencies[f.key] || []).slice().sort((a, b) => a - b);
-          const s = this.sorted[f.key];
-          totals[f.key] = { p50: percentile(s, 0.5), p95: percentile(s, 0.95), p99: percentile(s, 0.99) };
-        } else if (f.from_state) totals[f.key] = fromState[f.key] != null ? fromState[f.key] : null;
-      }
-      return totals;
     }
 
     /** Events per second of each rate kind, per display bin, as a series for RateChart. */
@@ -551,52 +505,6 @@
     }
   }
 
-  function figureText(figure, value) {
-    if (value == null) return "–";
-    if (figure.percentiles.length) return [value.p50, value.p95, value.p99].map(fmtMs).join(" / ");
-    if (figure.total_ms.length) return fmtMs(value);
-    if (figure.per_second.length) return value.toFixed(value >= 100 ? 0 : 1);
-    return String(value);
-  }
-
-  /** The figures panel (replay): one box per shown figure, in the declared order. */
-  function renderFigures(el, totals, vocabulary) {
-    const shown = vocabulary.figures.filter((f) => f.shown);
-    if (!el.firstChild) {
-      for (const figure of shown) {
-        const box = document.createElement("div");
-        box.className = "counter";
-        box.dataset.counter = figure.key;
-        box.innerHTML = '<span class="value">–</span><span class="label"></span>';
-        box.querySelector(".label").textContent = figure.label;
-        el.appendChild(box);
-      }
-    }
-    for (const figure of shown) {
-      const box = el.querySelector(`[data-counter="${figure.key}"]`);
-      const value = totals[figure.key];
-      box.querySelector(".value").textContent = figureText(figure, value);
-      box.classList.toggle("alarm", Boolean(figure.alarm && value > 0));
-    }
-  }
-
-  function renderLog(el, events, vocabulary, count) {
-    const latest = events.slice(-(count || 40)).reverse();
-    el.replaceChildren(
-      ...latest.map((e) => {
-        const li = document.createElement("li");
-        li.className = "k-" + e.kind;
-        li.style.setProperty("--kind", vocabulary.color(e.kind));
-        li.value = e.seq;
-        const t = document.createElement("span");
-        t.className = "t";
-        t.textContent = fmtMs(e.t_ms);
-        li.append(t, " " + vocabulary.sentence(e));
-        return li;
-      })
-    );
-  }
-
   async function fetchJSON(url) {
     const response = await fetch(url, { credentials: "same-origin", headers: { Accept: "application/json" } });
     if (!response.ok) throw new Error(`${url}: HTTP ${response.status}`);
@@ -642,8 +550,6 @@
     JobModel,
     Timeline,
     RateChart,
-    renderFigures,
-    renderLog,
     fetchJSON,
     loadEvents,
     eventsFromArrays,

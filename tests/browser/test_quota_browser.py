@@ -71,4 +71,4 @@ def test_leak_and_repair_live(page: Page, app_url: str, teacher: User, artifacts
         " return c && c.dataset.used === String(used) && Number(c.dataset.resyncs) >= 1; }",
         arg=summary["used_final"],
     )
-    expect(page.locator("[data-state]")).to_contain_text("kind: ResourceQuota")
+    expect(page.locator("#live-state")).to_contain_text("kind: ResourceQuota")

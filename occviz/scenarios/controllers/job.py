@@ -88,11 +88,12 @@ def run(context: JobContext) -> dict[str, Any]:
             # The object locked while the last outside writes are handed over: the history then ends where it does.
             list(Deployment.objects.filter(pk=deployment.pk).select_for_update().values_list("pk"))
             context.settle_outside_writes()
-        context.recorder.flush()
+        # Taken while the history is still this job's state: the last snapshot shows the controllers as they ended.
+        figures = context.final_figures()
     finally:
         with _running_lock:
             _running.pop(job.pk, None)
-    return summarize(job, params, deployment.pk, history, context.elapsed_s, seed)
+    return summarize(job, params, figures, deployment.pk, history, context.elapsed_s, seed)
 
 
 def _recorder_of_erasures(

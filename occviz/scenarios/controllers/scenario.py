@@ -183,6 +183,7 @@ class Controllers(Scenario):
         Figure("lost_fields", "fields erased", count=("erased",), alarm=True),
         Figure("outside_writes", "outside writes", count=("outside_write",)),
         Figure("erased_from_outside", "erased from outside", count=("outside_erased",)),
+        Figure("outside_conflicts", "outside conflicts (409)", count=("outside_conflict",), shown=False),
         Figure("errors", "errors", count=("error",), shown=False),
         Figure("writes_per_s", "writes/s", per_second=("committed",)),
         Figure("latency_ms", "latency p50 / p95 / p99 (ms)", percentiles=("committed",)),

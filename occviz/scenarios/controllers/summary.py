@@ -1,4 +1,4 @@
-"""The controller race's summary: its figures from the stored events, checked against the stored Deployment.
+"""The controller race's summary: its final figures (its last snapshot's), checked against the stored Deployment.
 
 The replayed history must be the stored object (every version after the first is one
 write the job followed). With `occ` every controller's last write must be on it and no
@@ -18,27 +18,25 @@ from occviz.scenarios.controllers.deployment import FIELDS, controller_name, sto
 from occviz.scenarios.controllers.history import Erasure, History
 
 if TYPE_CHECKING:
+    from occviz.jobs.figures import Totals
     from occviz.jobs.models import Job
 
 
 @dataclass(frozen=True)
 class Writes:
-    """The job's events as counted in the store: by kind, and each controller's committed writes."""
+    """The job's final figures, and each controller's committed writes as the store has them."""
 
-    by_kind: dict[str, int]
+    figures: Totals
     last: dict[int, tuple[int, int]]
     """Per controller (actor): (value, version) of its last acknowledged write."""
     by_actor: dict[int, int]
-    latency: list[float | None]
 
-    def __call__(self, kind: str) -> int:
-        return int(self.by_kind.get(kind, 0))
+    def __call__(self, key: str) -> int:
+        return int(self.figures.get(key) or 0)
 
 
-def count_writes(job_id: int) -> Writes:
+def count_writes(job_id: int, figures: Totals) -> Writes:
     with connection.cursor() as cursor:
-        cursor.execute("SELECT kind, count(*) FROM jobs_event WHERE job_id = %s GROUP BY kind", [job_id])
-        by_kind = dict(cursor.fetchall())
         cursor.execute(
             "SELECT DISTINCT ON (actor) actor, value_written, version_written FROM jobs_event "
             "WHERE job_id = %s AND kind = 'committed' ORDER BY actor, version_written DESC",
@@ -49,13 +47,7 @@ def count_writes(job_id: int) -> Writes:
             "SELECT actor, count(*) FROM jobs_event WHERE job_id = %s AND kind = 'committed' GROUP BY actor", [job_id]
         )
         by_actor = dict(cursor.fetchall())
-        cursor.execute(
-            "SELECT percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDER BY latency_ms) "
-            "FROM jobs_event WHERE job_id = %s AND kind = 'committed'",
-            [job_id],
-        )
-        latency = cursor.fetchone()[0] or [None, None, None]
-    return Writes(by_kind, last, by_actor, latency)
+    return Writes(figures, last, by_actor)
 
 
 def per_controller(
@@ -87,7 +79,7 @@ def per_controller(
 def replay_problems(writes: Writes, history: History, final_version: int, on_object: list[int]) -> list[str]:
     """Where the replayed history and the stored object disagree (nothing, when the job followed every write)."""
     problems = []
-    followed = writes("committed") + writes("outside_write")
+    followed = writes("writes") + writes("outside_writes")
     if final_version - 1 != followed:
         # Written after the job stopped following outside writes (or by a writer the store does not log).
         problems.append(
@@ -96,7 +88,7 @@ def replay_problems(writes: Writes, history: History, final_version: int, on_obj
         )
     if history.waiting or history.version != final_version or history.values != on_object:
         problems.append(f"replaying the {followed} followed writes does not give the stored object v{final_version}")
-    erased = writes("erased") + writes("outside_erased")
+    erased = writes("lost_fields") + writes("erased_from_outside")
     if erased != len(history.lost):
         problems.append(f"{erased} erased events stored for {len(history.lost)} lost writes")
     return problems
@@ -109,13 +101,13 @@ def verdict(strategy: str, writes: Writes, lost: int, final_version: int, missin
         if lost == 0 and not missing:
             return (
                 f"every controller's last write is on the object (v{final_version}) unless erased from outside, and "
-                f"none of the {writes('committed')} acknowledged writes was erased by another controller; "
-                f"{writes('conflict')} conflicts were re-read and re-applied"
+                f"none of the {writes('writes')} acknowledged writes was erased by another controller; "
+                f"{writes('conflicts')} conflicts were re-read and re-applied"
             )
         gone = f"; the last write of {whose} is not on the object" if missing else ""
         return f"{lost} acknowledged writes erased by another controller{gone}"
     counted = (
-        f"{writes('committed')} blind writes, {lost} acknowledged fields erased by another controller, counted "
+        f"{writes('writes')} blind writes, {lost} acknowledged fields erased by another controller, counted "
         f"exactly (replaying the writes gives the stored object v{final_version})"
     )
     if missing:
@@ -132,10 +124,10 @@ def verdict(strategy: str, writes: Writes, lost: int, final_version: int, missin
 
 
 def summarize(
-    job: Job, params: Mapping[str, Any], row: int, history: History, elapsed_s: float, seed: int
+    job: Job, params: Mapping[str, Any], figures: Totals, row: int, history: History, elapsed_s: float, seed: int
 ) -> dict[str, Any]:
-    """The job's figures from its stored events, checked against the stored object and the replayed history."""
-    writes = count_writes(job.pk)
+    """The job's final figures, checked against the stored object and the replayed history."""
+    writes = count_writes(job.pk, figures)
     count = int(params["controllers"])
     from_outside = [erasure for erasure in history.lost if history.by_outside_lane(erasure.eraser)]
     final_version, content = stored(row)
@@ -146,9 +138,9 @@ def summarize(
     problems = replay_problems(writes, history, final_version, on_object)
     ok = not problems and (strategy != "occ" or (lost == 0 and not missing))
     text = "; ".join(problems) if problems else verdict(strategy, writes, lost, final_version, missing)
-    if writes("outside_write") and not problems:
+    if writes("outside_writes") and not problems:
         by_lane = f", erasing {len(from_outside)} controller write(s)" if from_outside else ""
-        text += f"; {writes('outside_write')} write(s) from outside followed{by_lane}"
+        text += f"; {writes('outside_writes')} write(s) from outside followed{by_lane}"
     return {
         "strategy": strategy,
         "retry": params["retry"] if strategy == "occ" else None,
@@ -157,14 +149,14 @@ def summarize(
         "rate_per_s": params["rate_per_s"],
         "think_ms": params["think_ms"],
         "seed": seed,
-        "writes": writes("committed"),
-        "conflicts": writes("conflict"),
-        "retries": writes("retry"),
+        "writes": writes("writes"),
+        "conflicts": writes("conflicts"),
+        "retries": writes("retries"),
         "gave_up": writes("gave_up"),
-        "errors": writes("error"),
+        "errors": writes("errors"),
         "lost_fields": lost,
-        "outside_writes": writes("outside_write"),
-        "outside_conflicts": writes("outside_conflict"),
+        "outside_writes": writes("outside_writes"),
+        "outside_conflicts": writes("outside_conflicts"),
         "erased_from_outside": len(from_outside),
         "per_controller": controllers,
         "object_version": final_version,
@@ -172,9 +164,6 @@ def summarize(
         "invariant_ok": ok,
         "invariant": text,
         "duration_s": round(elapsed_s, 4),
-        "writes_per_s": round(writes("committed") / elapsed_s, 1) if elapsed_s > 0 else 0.0,
-        "latency_ms": {
-            name: None if value is None else round(value, 3)
-            for name, value in zip(("p50", "p95", "p99"), writes.latency, strict=True)
-        },
+        "writes_per_s": figures.get("writes_per_s", 0.0),
+        "latency_ms": figures.get("latency_ms") or {"p50": None, "p95": None, "p99": None},
     }

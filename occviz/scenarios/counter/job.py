@@ -89,8 +89,7 @@ def run(context: JobContext) -> dict[str, Any]:
         list(Counter.objects.filter(pk__in=rows).select_for_update().values_list("pk"))
         tally = tally_rows(job.pk, params["initial_value"])
         context.settle_outside_writes()
-    context.recorder.flush()
-    return summarize(job, params, rows, context.elapsed_s, seed, tally)
+    return summarize(params, context.final_figures(), rows, context.elapsed_s, seed, tally, tally_outside(job.pk))
 
 
 def record_outside_write(context: JobContext, rows: set[int], payload: Mapping[str, Any]) -> None:

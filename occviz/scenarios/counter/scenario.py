@@ -118,7 +118,6 @@ class CounterRace(Scenario):
     state_keys = ("rows",)
     state_template = "scenarios/counter.html"
     state_title = "Contended rows"
-    script = "occviz/scenarios/counter.js"
     kinds = (
         EventKind("read", "read", ("{who} read v{version_read} (value {value_read})",), "#8a94a6", "tick"),
         EventKind(

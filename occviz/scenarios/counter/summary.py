@@ -1,4 +1,5 @@
-"""The counter race's summary: its figures from the stored events, checked against its rows.
+"""The counter race's summary: its final figures (its last snapshot's, as every page shows them), checked against
+its rows.
 
 Protected strategies must show final = initial + committed; `none` must have counted its
 lost updates exactly: every committed blind write moved the version once, so versions
@@ -17,19 +18,10 @@ from django.db import connection
 from occviz.scenarios.counter.actors import PROTECTED
 
 if TYPE_CHECKING:
-    from occviz.jobs.models import Job
+    from occviz.jobs.figures import Totals
 
 FAILED_ATTEMPTS = ("conflict", "serialization_failure", "deadlock", "lock_timeout")
 """The attempts that did not commit: with the commits, every attempt a writer made."""
-
-
-def _percentiles(values: list[float | None] | None) -> dict[str, float | None]:
-    p50, p95, p99 = values if values else (None, None, None)
-    return {"p50": _round(p50), "p95": _round(p95), "p99": _round(p99)}
-
-
-def _round(value: float | None, digits: int = 3) -> float | None:
-    return None if value is None else round(value, digits)
 
 
 @dataclass(frozen=True)
@@ -100,35 +92,6 @@ def tally_outside(job_id: int) -> OutsideTally:
 
 
 @dataclass(frozen=True)
-class EventCounts:
-    """The job's events by kind (how many, and their total duration), and its commits' latency percentiles."""
-
-    by_kind: dict[str, tuple[int, float]]
-    latency: list[float | None] | None
-
-    def __call__(self, kind: str) -> int:
-        return int(self.by_kind.get(kind, (0, 0.0))[0])
-
-    def total_ms(self, kind: str) -> float:
-        return round(float(self.by_kind.get(kind, (0, 0.0))[1]), 3)
-
-
-def count_events(job_id: int) -> EventCounts:
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT kind, count(*), coalesce(sum(duration_ms), 0) FROM jobs_event WHERE job_id = %s GROUP BY kind",
-            [job_id],
-        )
-        by_kind = {kind: (count, total_ms) for kind, count, total_ms in cursor.fetchall()}
-        cursor.execute(
-            "SELECT percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDER BY latency_ms) "
-            "FROM jobs_event WHERE job_id = %s AND kind = 'committed'",
-            [job_id],
-        )
-        return EventCounts(by_kind, cursor.fetchone()[0])
-
-
-@dataclass(frozen=True)
 class Reckoning:
     """The rows against the events: what the job's own commits should have added, and what they did.
 
@@ -194,14 +157,33 @@ class Reckoning:
         return ok, verdict
 
 
+# The figures the summary reports as the job's final snapshot has them.
+FIGURES = (
+    "attempts",
+    "committed",
+    "conflicts",
+    "retries",
+    "gave_up",
+    "serialization_failures",
+    "deadlocks",
+    "lock_timeouts",
+    "lock_waits",
+    "lock_wait_ms",
+    "errors",
+)
+
+
 def summarize(
-    job: Job, params: Mapping[str, Any], rows: list[int], elapsed_s: float, seed: int, tally: RowTally | None = None
+    params: Mapping[str, Any],
+    figures: Totals,
+    rows: list[int],
+    elapsed_s: float,
+    seed: int,
+    tally: RowTally,
+    outside: OutsideTally,
 ) -> dict[str, Any]:
-    """The job's figures, counted from its stored events and checked against its rows (as `tally` read them)."""
-    count = count_events(job.pk)
-    tally = tally or tally_rows(job.pk, params["initial_value"])
-    outside = tally_outside(job.pk)
-    committed = count("committed")
+    """The job's final figures checked against its rows (as `tally` read them): it adds only the invariant."""
+    committed = int(figures.get("committed") or 0)
     reckoning = Reckoning.of(committed, len(rows), params["initial_value"], tally, outside)
     strategy = params["strategy"]
     ok, verdict = reckoning.verdict(strategy in PROTECTED)
@@ -215,27 +197,17 @@ def summarize(
         "seconds": params["seconds"],
         "think_ms": params["think_ms"],
         "seed": seed,
-        "attempts": committed + sum(count(kind) for kind in FAILED_ATTEMPTS),
-        "committed": committed,
-        "conflicts": count("conflict"),
-        "retries": count("retry"),
-        "gave_up": count("gave_up"),
-        "serialization_failures": count("serialization_failure"),
-        "deadlocks": count("deadlock"),
-        "lock_timeouts": count("lock_timeout"),
-        "lock_waits": count("lock_wait"),
-        "lock_wait_ms": count.total_ms("lock_wait"),
-        "errors": count("error"),
+        **{key: figures.get(key, 0) for key in FIGURES},
         "initial_value": reckoning.initial_value,
         "final_value": reckoning.final_value,
         "lost_updates": reckoning.lost + outside.erased,
         "outside_writes": outside.commits,
         "outside_delta": outside.delta,
-        "outside_conflicts": count("outside_conflict"),
+        "outside_conflicts": figures.get("outside_conflicts", 0),
         "lost_to_outside_blind_writes": outside.erased,
         "invariant_ok": ok,
         "invariant": verdict,
         "duration_s": round(elapsed_s, 4),
-        "commits_per_s": round(committed / elapsed_s, 1) if elapsed_s > 0 else 0.0,
-        "latency_ms": _percentiles(count.latency),
+        "commits_per_s": figures.get("commits_per_s", 0.0),
+        "latency_ms": figures.get("latency_ms") or {"p50": None, "p95": None, "p99": None},
     }

@@ -130,15 +130,16 @@ def run(context: JobContext) -> dict[str, Any]:
         _running[job.pk] = election
     try:
         election.run(params["seconds"], run_actors=context.run_actors)
+        with transaction.atomic():
+            # The Lease locked while the last outside writes are recorded: the transitions it
+            # counts and the events' then agree.
+            Lease.objects.select_for_update().filter(pk=lease.pk).exists()
+            context.settle_outside_writes()
+        # Stored while the election is still this job's state: the last snapshot shows each replica as it ended.
+        context.recorder.flush()
     finally:
         with _running_lock:
             _running.pop(job.pk, None)
-    with transaction.atomic():
-        # The Lease locked while the last outside writes are recorded: the transitions it
-        # counts and the events' then agree.
-        Lease.objects.select_for_update().filter(pk=lease.pk).exists()
-        context.settle_outside_writes()
-    context.recorder.flush()
     summary = summarize(read_events(job.pk), Lease.objects.get(pk=lease.pk), config, replicas=len(election.replicas))
     summary["failovers_in_words"] = [describe_failover(failover) for failover in summary["failovers"]]
     summary["duration_s"] = round(context.elapsed_s, 4)

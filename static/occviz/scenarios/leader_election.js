@@ -1,6 +1,5 @@
 /* The leader election's plug-in: leadership as bands on the replicas' lanes, so a gap
-   (no one believes it leads) and an overlap (two do: a stale leader) show at a glance,
-   and, in replay, the Lease and the replicas' beliefs at the moment shown. */
+   (no one believes it leads) and an overlap (two do: a stale leader) show at a glance. */
 "use strict";
 
 (function () {
@@ -10,7 +9,6 @@
   window.Occviz.plugins["leader-election"] = {
     reset(model) {
       model.bands = new Map(); // actor -> [{start, end}] while it believes it leads
-      model.lease = { holder: null, transitions: 0, version: null };
     },
 
     add(model, e) {
@@ -26,20 +24,6 @@
       if (STARTS.has(e.kind) && !open) bands.push({ start: e.t_ms, end: null });
       else if (ENDS.has(e.kind) && open) open.end = e.t_ms;
       model.bands.set(e.actor, bands);
-      if (e.kind === "acquired" || e.kind === "renewed") {
-        model.lease.holder = model.vocabulary.actorName(e.actor);
-        if (e.value_written != null) model.lease.transitions = e.value_written;
-        model.lease.version = e.version_written;
-      } else if (e.kind === "released") {
-        model.lease.holder = null;
-        model.lease.version = e.version_written;
-      }
-    },
-
-    stateFigures(model) {
-      let leading = 0;
-      for (const bands of model.bands.values()) if (bands.length && bands[bands.length - 1].end == null) leading += 1;
-      return { transitions: model.lease.transitions, leading };
     },
 
     /** Bands under the marks; above the lanes, red where two believe they lead, grey where none does. */
@@ -78,26 +62,6 @@
       // Who holds a band now, readable from outside (tests, a curious user's dev tools).
       const leaders = [...model.bands].filter(([, b]) => b.length && b[b.length - 1].end == null).map(([a]) => a);
       ctx.canvas.dataset.leaders = leaders.sort((a, b) => a - b).join(",");
-    },
-
-    renderState(el, model) {
-      const lines = [
-        "apiVersion: coordination.k8s.io/v1",
-        "kind: Lease",
-        "spec:",
-        `  holderIdentity: ${model.lease.holder || "null"}`,
-        `  leaseTransitions: ${model.lease.transitions}`,
-      ];
-      const pre = document.createElement("pre");
-      pre.className = "lease-yaml";
-      pre.textContent = lines.join("\n");
-      const leading = [];
-      for (const [actor, bands] of model.bands) {
-        if (bands.length && bands[bands.length - 1].end == null) leading.push(model.vocabulary.actorName(actor));
-      }
-      const p = document.createElement("p");
-      p.textContent = leading.length ? `Believe they lead: ${leading.join(", ")}` : "No replica believes it leads.";
-      el.replaceChildren(pre, p);
     },
   };
 })();

@@ -1,7 +1,6 @@
 /* The quota race's plug-in: one chart of hard, charged `used` and what the pods that exist
    request, over time, above the timeline (the leak is the gap between the two lines, a resync
-   is a dashed mark that closes it); in replay, the quota at the moment shown. Everything is
-   rebuilt from the events: `used` from the writes that moved the quota's version, what exists
+   is a dashed mark that closes it). The chart is drawn from the events: `used` from the writes that moved the quota's version, what exists
    from the stored pods. Kind colours come from the vocabulary the server declares. */
 "use strict";
 
@@ -105,7 +104,7 @@
     ctx.fillText("0", left - 6, y(0));
     ctx.textAlign = "left";
     // The numbers now, readable from outside (tests, a curious user's dev tools).
-    const now = figures(model);
+    const now = latest(model);
     canvas.dataset.hard = String(q.hard);
     canvas.dataset.used = String(now.used);
     canvas.dataset.actual = String(now.actual);
@@ -113,7 +112,7 @@
     canvas.dataset.points = String(q.used.length + q.actual.length);
   }
 
-  function figures(model) {
+  function latest(model) {
     const q = model.quota;
     const used = q.used.length ? q.used[q.used.length - 1].v : 0;
     const actual = q.actual.length ? q.actual[q.actual.length - 1].v : 0;
@@ -140,35 +139,9 @@
       if (RESYNCS.has(e.kind)) q.resyncs.push(e.t_ms);
     },
 
-    stateFigures(model) {
-      return figures(model);
-    },
-
     /** The chart shares the timeline's time axis, so a resync lines up with the controller's mark. */
     drawLanes(ctx, view) {
       drawChart(view.model, view.t0, view.t1, view.lay.left);
-    },
-
-    renderState(el, model) {
-      const q = model.quota;
-      const now = figures(model);
-      const pre = document.createElement("pre");
-      pre.className = "lease-yaml quota-yaml";
-      pre.textContent = [
-        "apiVersion: v1",
-        "kind: ResourceQuota",
-        "status:",
-        "  hard:",
-        `    requests.nvidia.com/gpu: "${q.hard}"`,
-        "  used:",
-        `    requests.nvidia.com/gpu: "${now.used}"`,
-      ].join("\n");
-      const p = document.createElement("p");
-      p.textContent =
-        now.gap > 0
-          ? `${now.gap} charged for pods that do not exist (the pods that exist request ${now.actual}).`
-          : `Charged usage matches what the pods that exist request (${now.actual}).`;
-      el.replaceChildren(pre, p);
     },
   };
 })();
