@@ -67,12 +67,7 @@ def _with_setup(jobs: Any) -> list[Job]:
     for job in listed:
         spec = _spec(job)
         job.setup = spec.setup(job.params) if spec else job.strategy
-        summary = job.summary or {}
-        job.alarms = [
-            f"{summary[figure.key]} {figure.label}"
-            for figure in (spec.figures if spec else ())
-            if figure.alarm and isinstance(summary.get(figure.key), int | float) and summary[figure.key] > 0
-        ]
+        job.alarms = spec.alarms(job.summary) if spec else []
     return listed
 
 
@@ -374,18 +369,24 @@ def job_compare(request: HttpRequest) -> HttpResponse:
     bin_ms = events.bin_for(max(events.duration_ms(job) for job in jobs))
     specs = {job.pk: _spec(job) for job in jobs}
     kinds_of = {pk: spec.rates if spec else () for pk, spec in specs.items()}
+    # Each chart is drawn with its own job's vocabulary: its parameters name its actors.
     series = [
-        {"id": job.pk, "label": f"#{job.pk} {job.strategy or job.scenario}", "scenario": job.scenario, "rates": rates}
+        {
+            "id": job.pk,
+            "label": f"#{job.pk} {job.strategy or job.scenario}",
+            "scenario": job.scenario,
+            "vocabulary": spec.vocabulary(job.params) if (spec := specs[job.pk]) else None,
+            "rates": rates,
+        }
         for job, rates in zip(jobs, events.aligned_rate_series(jobs, bin_ms, kinds_of), strict=True)
     ]
-    vocabularies = {spec.name: spec.vocabulary({}) for spec in specs.values() if spec}
     return render(
         request,
         "web/job_compare.html",
         {
             "jobs": _with_setup(jobs),
             "rows": _compare_rows(jobs),
-            "series": {"bin_ms": bin_ms, "jobs": series, "scenarios": vocabularies},
+            "series": {"bin_ms": bin_ms, "jobs": series},
             "ids": ids,
             "max_compare": MAX_COMPARE,
         },

@@ -256,7 +256,7 @@
   function comparePage(container) {
     const data = JSON.parse(document.getElementById("compare-series").textContent);
     const charts = [...container.querySelectorAll("[data-compare-chart]")].map(
-      (c, i) => new O.RateChart(c, new O.Vocabulary(data.scenarios[data.jobs[i].scenario]))
+      (c, i) => new O.RateChart(c, new O.Vocabulary(data.jobs[i].vocabulary))
     );
     const series = data.jobs.map((j) => ({ bin_ms: data.bin_ms, rates: j.rates }));
     const xMaxMs = Math.max(...series.map((s) => Math.max(0, ...Object.values(s.rates).map((v) => v.length)) * data.bin_ms));

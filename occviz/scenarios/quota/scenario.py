@@ -113,7 +113,8 @@ class QuotaForm(ScenarioForm):
 
 
 def _workers(params: Mapping[str, Any]) -> int:
-    return min(int(params["workers"]), int(params["pods"]))
+    # Pages word jobs of any parameters (compare, old rows): a missing count is one.
+    return min(int(params.get("workers") or 1), int(params.get("pods") or 1))
 
 
 def run(context: JobContext) -> dict[str, Any]:
@@ -589,7 +590,7 @@ class QuotaRace(Scenario):
     def setup(self, params: Mapping[str, Any]) -> str:
         line = (
             f"{params.get('pods')} pods x {params.get('request')} GPU against hard {params.get('hard')}, "
-            f"{min(int(params.get('workers') or 1), int(params.get('pods') or 1))} admission workers"
+            f"{_workers(params)} admission workers"
         )
         if params.get("create_failure_rate"):
             line += f", {params['create_failure_rate']:g} of creates fail"
