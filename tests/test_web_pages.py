@@ -79,7 +79,8 @@ def test_home_shows_only_the_scenarios_that_exist_and_the_jobs(signed_in: Client
     assert "coming" not in html.lower()
     assert f'href="/jobs/{running.pk}/"' in html
     assert f'href="/jobs/{done.pk}/"' in html
-    assert "42 lost updates" in html
+    assert '<span class="verdict warn" title="Invariant holds: 42 updates lost, counted exactly">⚠ 42 lost updates</span>' in html
+    assert "✔ invariant holds" not in html
     assert 'hx-trigger="every 2s"' in html
 
 
@@ -217,8 +218,8 @@ def test_job_page_shows_the_verdict_of_a_finished_job(signed_in: Client) -> None
     )
     html = signed_in.get(f"/jobs/{job.pk}/").content.decode()
     assert 'id="live-status"' in html
-    assert "Invariant holds" in html
-    assert "the value rose by 97" in html
+    assert "⚠ 303 lost updates" in html and "verdict-warn" in html and "verdict-ok" not in html
+    assert "Invariant holds: 400 blind writes committed, the value rose by 97" in html
     assert "data-cancel" not in html
     assert 'ws-connect="/ws/jobs/' not in html  # nothing left to follow
     controls = signed_in.get(f"/jobs/{job.pk}/", headers={"HX-Request": "true", "HX-Target": "controls"})
