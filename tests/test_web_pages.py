@@ -307,3 +307,16 @@ def test_a_leader_election_jobs_pages_render_from_its_declaration(signed_in: Cli
     assert set(compare.context["series"]["jobs"][0]["rates"]) == {"renewed", "conflict", "backed_off"}
     exported = signed_in.get(f"/jobs/{job.pk}/export.jsonl")
     assert b'"kind":"acquired"' in b"".join(exported.streaming_content)  # type: ignore[attr-defined]
+
+
+def test_a_page_opened_before_the_job_made_its_objects_can_ask_for_their_links(signed_in: Client, alice: User) -> None:
+    from occviz.store.models import Counter
+
+    job = Job.objects.create(scenario="counter", strategy="occ", params={"writers": 2}, created_by=alice)
+    html = signed_in.get(f"/jobs/{job.pk}/").content.decode()
+    assert '<section id="watched-objects" aria-label="Its objects" hidden>' in html and "data-watch" not in html
+    Counter.objects.create(namespace=f"job-{job.pk}", name="row-1", job=job)
+    part = signed_in.get(f"/jobs/{job.pk}/", headers={"HX-Request": "true", "HX-Target": "watched-objects"})
+    text = part.content.decode().strip()
+    assert text.startswith('<section id="watched-objects" aria-label="Its objects">') and "<html" not in text
+    assert f'href="/watch/counters/job-{job.pk}/row-1/" data-watch' in text

@@ -34,6 +34,7 @@ from occviz.live.jobstate import job_state
 from occviz.scenarios import SCENARIOS
 from occviz.scenarios.base import Scenario
 from occviz.web import events, watch
+from occviz.web.yaml_text import yaml_text
 
 RECENT_JOBS = 15
 MAX_COMPARE = 6
@@ -180,8 +181,9 @@ def job_detail(request: HtmxHttpRequest, job_id: int) -> HttpResponse:
     # A job whose runner died says so here, rather than "running" (or "cancelling...") forever.
     end_if_stale(job)
     context = _job_context(request, job)
-    # The page's script asks for the controls again when the job ends (no more cancel button).
-    if request.htmx and request.htmx.target in ("controls", "actor-controls"):
+    # The page's script asks for the controls again when the job ends (no more cancel button), and
+    # for its objects once it has made them.
+    if request.htmx and request.htmx.target in ("controls", "actor-controls", "watched-objects"):
         return render(request, f"web/job_detail.html#{request.htmx.target}", context)
     return render(request, "web/job_detail.html", {**context, "live": fragments.first_render_context(job_state(job))})
 
@@ -417,11 +419,19 @@ def _watched(resource: str) -> str:
     return resource
 
 
+def _seen(resource: str, namespace: str, name: str, **cursors: int) -> dict[str, Any]:
+    """The object's history, its stored content also as the text the page shows (nested values as YAML)."""
+    seen = watch.history(_watched(resource), namespace, name, **cursors)
+    if seen["object"] is not None:
+        seen["object"]["text"] = yaml_text(seen["object"]["fields"])
+    return seen
+
+
 @require_safe
 @login_required
 def watch_page(request: HttpRequest, resource: str, namespace: str, name: str) -> HttpResponse:
     """One object's history as it happens: every version, who wrote it, the conflicts (kubectl get -w)."""
-    seen = watch.history(_watched(resource), namespace, name)
+    seen = _seen(resource, namespace, name)
     model = watch.RESOURCES[resource]
     context = {
         "resource": resource,
@@ -444,6 +454,4 @@ def watch_history(request: HttpRequest, resource: str, namespace: str, name: str
         after_seq = _int_param(request, "after_seq", 0, 0, 2**62)
     except ValueError as refused:
         return JsonResponse({"error": str(refused)}, status=400)
-    return JsonResponse(
-        watch.history(_watched(resource), namespace, name, after_change=after_change, after_seq=after_seq)
-    )
+    return JsonResponse(_seen(resource, namespace, name, after_change=after_change, after_seq=after_seq))

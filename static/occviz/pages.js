@@ -83,6 +83,19 @@
         schedule();
       }, { until });
 
+    // Server-rendered parts that change with the job's lifetime, asked for again by their id.
+    const refresh = (id) => {
+      if (window.htmx && document.getElementById(id)) htmx.ajax("GET", window.location.pathname, { target: "#" + id, swap: "outerHTML" });
+    };
+    // A page opened before the job ran has no links to its objects: ask once its events flow, and at the end.
+    const openedLive = !finished;
+    let objectsAsked = false;
+    const askForObjects = () => {
+      if (objectsAsked || document.querySelector("#watched-objects [data-watch]")) return;
+      objectsAsked = true;
+      refresh("watched-objects");
+    };
+
     const onEnd = () => {
       if (ended) return;
       ended = true;
@@ -91,9 +104,9 @@
       schedule();
       // The controls are server-rendered: ask for the finished version, without the cancel button.
       // (The verdict arrives through the live layer's status fragment.)
-      for (const id of ["controls", "actor-controls"]) {
-        if (window.htmx && document.getElementById(id)) htmx.ajax("GET", window.location.pathname, { target: "#" + id, swap: "outerHTML" });
-      }
+      refresh("controls");
+      refresh("actor-controls");
+      if (openedLive) refresh("watched-objects");
     };
 
     if (finished) {
@@ -131,6 +144,7 @@
         } else if (data.type === "frame") {
           // The server's fragments as of this frame: figures, state, log, status.
           if (data.html) O.swapFragments(data.html);
+          askForObjects();
           // Mapped to objects once, on receipt: everything after works on named fields.
           const events = fields && data.events ? O.eventsFromArrays(fields, data.events) : null;
           serial(async () => {
