@@ -79,7 +79,8 @@ def test_home_shows_only_the_scenarios_that_exist_and_the_jobs(signed_in: Client
     assert "coming" not in html.lower()
     assert f'href="/jobs/{running.pk}/"' in html
     assert f'href="/jobs/{done.pk}/"' in html
-    assert '<span class="verdict warn" title="Invariant holds: 42 updates lost, counted exactly">⚠ 42 lost updates</span>' in html
+    warning = '<span class="verdict warn" title="Invariant holds: 42 updates lost, counted exactly">'
+    assert f"{warning}⚠ 42 lost updates</span>" in html
     assert "✔ invariant holds" not in html
     assert 'hx-trigger="every 2s"' in html
 
@@ -320,3 +321,17 @@ def test_a_page_opened_before_the_job_made_its_objects_can_ask_for_their_links(s
     text = part.content.decode().strip()
     assert text.startswith('<section id="watched-objects" aria-label="Its objects">') and "<html" not in text
     assert f'href="/watch/counters/job-{job.pk}/row-1/" data-watch' in text
+
+
+def test_the_icon_is_the_apps_own_for_every_page_and_at_favicon_ico(signed_in: Client) -> None:
+    icon = Client().get("/favicon.ico")  # asked for by browsers and tools, signed in or not
+    assert icon.status_code == 200 and icon["Content-Type"] == "image/x-icon"
+    body = b"".join(icon.streaming_content)
+    assert body[:4] == b"\x00\x00\x01\x00" and b"PNG" in body[:64]
+    for url in ("/", "/accounts/login/"):
+        html = (signed_in if url == "/" else Client()).get(url).content.decode()
+        assert '<link rel="icon" href="/static/occviz/favicon.svg" type="image/svg+xml">' in html
+    svg = Client().get("/static/occviz/favicon.svg")
+    assert svg.status_code == 200 and b"<svg" in b"".join(svg.streaming_content)
+    for response in (icon, svg):
+        response.close()  # last: closing ends the request, and the database connection with it

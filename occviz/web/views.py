@@ -8,8 +8,10 @@ from typing import Any
 
 from django import forms
 from django.contrib.auth.decorators import login_required
+from django.contrib.staticfiles import finders
 from django.core.handlers.asgi import ASGIRequest
 from django.http import (
+    FileResponse,
     Http404,
     HttpRequest,
     HttpResponse,
@@ -37,6 +39,7 @@ from occviz.web import events, watch
 from occviz.web.yaml_text import yaml_text
 
 RECENT_JOBS = 15
+FAVICON = "occviz/favicon.ico"
 MAX_COMPARE = 6
 
 
@@ -76,6 +79,17 @@ def _jobs_context() -> dict[str, Any]:
     active = Job.objects.filter(status__in=[Job.Status.QUEUED, Job.Status.RUNNING]).select_related("created_by")
     recent = Job.objects.filter(status__in=Job.FINISHED).select_related("created_by")[:RECENT_JOBS]
     return {"active_jobs": _with_setup(active.order_by("id")), "recent_jobs": _with_setup(recent)}
+
+
+@require_safe
+def favicon(request: HttpRequest) -> HttpResponse:
+    """/favicon.ico, which browsers and tools ask for whatever the page links: the app's own icon, no sign-in."""
+    found = finders.find(FAVICON)
+    if not isinstance(found, str):
+        raise Http404("No icon.")
+    response = FileResponse(open(found, "rb"), content_type="image/x-icon")  # noqa: SIM115 (closed by Django)
+    response["Cache-Control"] = "public, max-age=86400"
+    return response
 
 
 @require_safe
