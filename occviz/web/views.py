@@ -82,7 +82,7 @@ def _jobs_context() -> dict[str, Any]:
 
 
 @require_safe
-def favicon(request: HttpRequest) -> HttpResponse:
+def favicon(request: HttpRequest) -> HttpResponseBase:
     """/favicon.ico, which browsers and tools ask for whatever the page links: the app's own icon, no sign-in."""
     found = finders.find(FAVICON)
     if not isinstance(found, str):
