@@ -335,3 +335,20 @@ def test_the_icon_is_the_apps_own_for_every_page_and_at_favicon_ico(signed_in: C
     assert svg.status_code == 200 and b"<svg" in b"".join(svg.streaming_content)
     for response in (icon, svg):
         response.close()  # last: closing ends the request, and the database connection with it
+
+
+def test_compare_says_whose_figure_a_row_is_when_two_scenarios_word_them_alike(signed_in: Client) -> None:
+    done = {"status": "succeeded", "invariant_ok": True}
+    race = Job.objects.create(
+        scenario="counter", strategy="occ", params={"writers": 2}, summary={"conflicts": 7}, **done
+    )
+    quota = Job.objects.create(
+        scenario="quota", params={"pods": 2, "workers": 2}, summary={"admission_conflicts": 3}, **done
+    )
+    response = signed_in.get(f"/jobs/compare/?id={race.pk}&id={quota.pk}")
+    assert response.status_code == 200
+    html = response.content.decode()
+    none = '<td class="num">\N{EN DASH}</td>'
+    assert f'<th scope="row">conflicts (counter race)</th><td class="num">7</td>{none}' in html
+    assert f'<th scope="row">conflicts (quota race)</th>{none}<td class="num">3</td>' in html
+    assert '<th scope="row">admitted</th>' in html  # worded by one scenario only: as it is

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import math
 from collections.abc import Callable
 from typing import Any
@@ -418,13 +419,20 @@ def _summary_value(job: Job, key: str) -> Any:
 
 
 def _compare_rows(jobs: list[Job]) -> list[tuple[str, list[Any]]]:
-    """The figures each job's scenario compares, in order, once each (jobs of several scenarios: all of them)."""
-    compared: dict[str, str] = {}
+    """The figures each job's scenario compares, in order, once each (jobs of several scenarios: all of them).
+
+    Two scenarios may word different figures alike ("conflicts"): those rows say whose they are.
+    """
+    compared: dict[str, tuple[str, str]] = {}
     for job in jobs:
         spec = _spec(job)
         for key, label in spec.compared if spec else ():
-            compared.setdefault(key, label)
-    return [(label, [_summary_value(job, key) for job in jobs]) for key, label in compared.items()]
+            compared.setdefault(key, (label, spec.title.lower() if spec else ""))
+    alike = collections.Counter(label for label, _ in compared.values())
+    return [
+        (f"{label} ({title})" if alike[label] > 1 else label, [_summary_value(job, key) for job in jobs])
+        for key, (label, title) in compared.items()
+    ]
 
 
 def _watched(resource: str) -> str:
