@@ -23,12 +23,15 @@ from channels.testing import WebsocketCommunicator
 from django.contrib.auth import get_user_model
 from django.db import connection
 from django.test import Client
+from django.utils import timezone
 
 from occviz.asgi import application
 from occviz.jobs.models import Event, Job
 from occviz.jobs.runner import run_job
 from occviz.jobs.snapshots import snapshot_at
 from occviz.jobs.tasks import create_job, launch
+from occviz.live import fragments
+from occviz.live.feeds import JobFeed
 from occviz.live.frames import (
     EVENT_FIELDS,
     MAX_EVENTS_PER_FRAME,
@@ -39,6 +42,7 @@ from occviz.live.frames import (
     read_events,
     wire_text,
 )
+from occviz.live.jobstate import aread_job_state
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ORIGIN = (b"origin", b"http://127.0.0.1")
@@ -302,6 +306,21 @@ async def test_a_bad_html_flag_is_refused(session_cookie: bytes) -> None:
     outputs = [message async for message in messages_until_close(communicator)]
     assert outputs[-1] == 4400
     assert "html='yes'" in outputs[0]["error"]
+
+
+async def test_a_feed_that_saw_its_job_queued_says_running_from_the_first_progress() -> None:
+    """The feed read the row before the job started: the first progress message makes it read the row again."""
+    job = await sync_to_async(counter_job)()
+    state = await aread_job_state(job.pk)
+    assert state is not None and state.status == "queued"
+    feed = JobFeed(state)  # not started: this test hands it the layer's message itself
+    changed = feed.changed
+    # The job starts (as its runner moves it) and stores nothing yet: the message says so.
+    await Job.objects.filter(pk=job.pk).aupdate(status="running", started_at=timezone.now())
+    await feed.handle({"type": "job.progress", "job": job.pk, "seq_to": 0, "state": {}, "state_figures": {}})
+    assert feed.state.status == "running" and changed.is_set()
+    status = await sync_to_async(fragments.render)(fragments.context(feed.state, None, {}, feed.log), "status")
+    assert 'class="live-status status-running"' in status and '<span class="status">running</span>' in status
 
 
 async def test_page_can_include_the_partials() -> None:

@@ -9,7 +9,7 @@ from django.test import Client
 
 from occviz.store import writes
 from occviz.store.cas import ANY
-from occviz.store.models import Counter, VersionConflict
+from occviz.store.models import Counter, Pod, ResourceQuota, VersionConflict
 from tests.helpers import run_counter
 
 pytestmark = pytest.mark.django_db
@@ -76,6 +76,23 @@ def test_a_jobs_row_shows_its_writers_versions_from_the_jobs_events(signed_in: C
     assert len(data["entries"]) == 50
     page = signed_in.get(f"/watch/counters/job-{job.pk}/row-1/").content.decode()
     assert f"job {job.pk}: writer 2" in page and "committed: value" in page
+
+
+def test_nested_fields_read_as_kubectl_prints_them(signed_in: Client) -> None:
+    gpu = "requests.nvidia.com/gpu"
+    quota = writes.create(
+        ResourceQuota, {"namespace": "class", "name": "gpu-quota", "hard": {gpu: 3}, "used": {gpu: 0}}, ALICE
+    )
+    writes.update(quota, {"used": {gpu: 1}}, BOB, expected_version=1)
+    writes.create(Pod, {"namespace": "class", "name": "pod-1", "requests": {gpu: 1}, "phase": "Running"}, ALICE)
+
+    data = signed_in.get("/watch/resourcequotas/class/gpu-quota/history.json").json()
+    assert f"hard:\n  {gpu}: 3\nused:\n  {gpu}: 1" in data["object"]["text"]
+    page = signed_in.get("/watch/resourcequotas/class/gpu-quota/").content.decode()
+    assert f"hard:\n  {gpu}: 3\nused:\n  {gpu}: 1" in page
+    pod = signed_in.get("/watch/pods/class/pod-1/").content.decode()
+    assert f"requests:\n  {gpu}: 1\nphase: Running" in pod
+    assert "{&#x27;" not in page.split("data-fields>")[1].split("</pre>")[0]  # no Python dict written out
 
 
 def test_unknown_resources_and_bad_cursors_are_refused(signed_in: Client, client: Client) -> None:

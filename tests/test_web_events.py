@@ -137,8 +137,10 @@ def test_a_lost_update_race_reports_its_losses_on_the_job_page(signed_in: Client
     assert job.summary is not None
     assert job.summary["lost_updates"] > 0
     html = signed_in.get(f"/jobs/{job.pk}/").content.decode()
-    assert "Invariant holds" in html  # the losses were counted exactly
-    assert f"{job.summary['lost_updates']} updates lost" in html
+    # Said first and not as a success: updates were lost; the invariant (they were counted exactly) holds.
+    assert "verdict-ok" not in html
+    assert f"⚠ {job.summary['lost_updates']} lost updates</strong>" in html
+    assert "Invariant holds: " in html and f"{job.summary['lost_updates']} updates lost, counted exactly" in html
     # Shown in red: the class is only there when updates were lost.
     assert f'<dd data-counter="lost_updates" class="bad">{job.summary["lost_updates"]}</dd>' in html
 

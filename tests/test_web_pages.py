@@ -79,7 +79,9 @@ def test_home_shows_only_the_scenarios_that_exist_and_the_jobs(signed_in: Client
     assert "coming" not in html.lower()
     assert f'href="/jobs/{running.pk}/"' in html
     assert f'href="/jobs/{done.pk}/"' in html
-    assert "42 lost updates" in html
+    warning = '<span class="verdict warn" title="Invariant holds: 42 updates lost, counted exactly">'
+    assert f"{warning}⚠ 42 lost updates</span>" in html
+    assert "✔ invariant holds" not in html
     assert 'hx-trigger="every 2s"' in html
 
 
@@ -217,8 +219,8 @@ def test_job_page_shows_the_verdict_of_a_finished_job(signed_in: Client) -> None
     )
     html = signed_in.get(f"/jobs/{job.pk}/").content.decode()
     assert 'id="live-status"' in html
-    assert "Invariant holds" in html
-    assert "the value rose by 97" in html
+    assert "⚠ 303 lost updates" in html and "verdict-warn" in html and "verdict-ok" not in html
+    assert "Invariant holds: 400 blind writes committed, the value rose by 97" in html
     assert "data-cancel" not in html
     assert 'ws-connect="/ws/jobs/' not in html  # nothing left to follow
     controls = signed_in.get(f"/jobs/{job.pk}/", headers={"HX-Request": "true", "HX-Target": "controls"})
@@ -306,3 +308,47 @@ def test_a_leader_election_jobs_pages_render_from_its_declaration(signed_in: Cli
     assert set(compare.context["series"]["jobs"][0]["rates"]) == {"renewed", "conflict", "backed_off"}
     exported = signed_in.get(f"/jobs/{job.pk}/export.jsonl")
     assert b'"kind":"acquired"' in b"".join(exported.streaming_content)  # type: ignore[attr-defined]
+
+
+def test_a_page_opened_before_the_job_made_its_objects_can_ask_for_their_links(signed_in: Client, alice: User) -> None:
+    from occviz.store.models import Counter
+
+    job = Job.objects.create(scenario="counter", strategy="occ", params={"writers": 2}, created_by=alice)
+    html = signed_in.get(f"/jobs/{job.pk}/").content.decode()
+    assert '<section id="watched-objects" aria-label="Its objects" hidden>' in html and "data-watch" not in html
+    Counter.objects.create(namespace=f"job-{job.pk}", name="row-1", job=job)
+    part = signed_in.get(f"/jobs/{job.pk}/", headers={"HX-Request": "true", "HX-Target": "watched-objects"})
+    text = part.content.decode().strip()
+    assert text.startswith('<section id="watched-objects" aria-label="Its objects">') and "<html" not in text
+    assert f'href="/watch/counters/job-{job.pk}/row-1/" data-watch' in text
+
+
+def test_the_icon_is_the_apps_own_for_every_page_and_at_favicon_ico(signed_in: Client) -> None:
+    icon = Client().get("/favicon.ico")  # asked for by browsers and tools, signed in or not
+    assert icon.status_code == 200 and icon["Content-Type"] == "image/x-icon"
+    body = b"".join(icon.streaming_content)
+    assert body[:4] == b"\x00\x00\x01\x00" and b"PNG" in body[:64]
+    for url in ("/", "/accounts/login/"):
+        html = (signed_in if url == "/" else Client()).get(url).content.decode()
+        assert '<link rel="icon" href="/static/occviz/favicon.svg" type="image/svg+xml">' in html
+    svg = Client().get("/static/occviz/favicon.svg")
+    assert svg.status_code == 200 and b"<svg" in b"".join(svg.streaming_content)
+    for response in (icon, svg):
+        response.close()  # last: closing ends the request, and the database connection with it
+
+
+def test_compare_says_whose_figure_a_row_is_when_two_scenarios_word_them_alike(signed_in: Client) -> None:
+    done = {"status": "succeeded", "invariant_ok": True}
+    race = Job.objects.create(
+        scenario="counter", strategy="occ", params={"writers": 2}, summary={"conflicts": 7}, **done
+    )
+    quota = Job.objects.create(
+        scenario="quota", params={"pods": 2, "workers": 2}, summary={"admission_conflicts": 3}, **done
+    )
+    response = signed_in.get(f"/jobs/compare/?id={race.pk}&id={quota.pk}")
+    assert response.status_code == 200
+    html = response.content.decode()
+    none = '<td class="num">\N{EN DASH}</td>'
+    assert f'<th scope="row">conflicts (counter race)</th><td class="num">7</td>{none}' in html
+    assert f'<th scope="row">conflicts (quota race)</th>{none}<td class="num">3</td>' in html
+    assert '<th scope="row">admitted</th>' in html  # worded by one scenario only: as it is

@@ -165,6 +165,11 @@ class JobFeed:
     async def handle(self, message: dict[str, Any]) -> None:
         if message.get("type") == "job.progress":
             self.known_seq = max(self.known_seq, int(message["seq_to"]))
+            if self.state.status == "queued":
+                # Read before the job started: without a fresh row the status fragment says "queued" all run.
+                state = await aread_job_state(self.job_id)
+                if state is not None:
+                    self._set_state(state)
             await self._advance()
         elif message.get("type") == "job.status":
             state = await aread_job_state(self.job_id)

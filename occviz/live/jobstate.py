@@ -54,6 +54,7 @@ class JobState:
             "finished": self.finished,
             "summary": self.summary,
             "invariant_ok": self.invariant_ok,
+            "alarms": self.info.spec.alarms(self.summary),
             "error": self.error,
         }
 

@@ -295,6 +295,19 @@ class Scenario:
     def shown_figures(self) -> list[Figure]:
         return [figure for figure in self.figures if figure.shown]
 
+    def alarms(self, summary: Mapping[str, Any] | None) -> list[str]:
+        """The summary's alarming figures above zero, worded ("344 lost updates").
+
+        A job can keep its invariant and still have lost something (a `none` race counts its
+        lost updates exactly): verdicts show these first, never as a plain success.
+        """
+        found = summary or {}
+        return [
+            f"{found[figure.key]} {figure.label}"
+            for figure in self.figures
+            if figure.alarm and isinstance(found.get(figure.key), int | float) and found[figure.key] > 0
+        ]
+
 
 def _ascii_only(value: Any) -> None:
     # int() and float() read any Unicode digits ("٣" is 3): a number here is written in 0-9.

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import collections
 import math
 from collections.abc import Callable
 from typing import Any
 
 from django import forms
 from django.contrib.auth.decorators import login_required
+from django.contrib.staticfiles import finders
 from django.core.handlers.asgi import ASGIRequest
 from django.http import (
+    FileResponse,
     Http404,
     HttpRequest,
     HttpResponse,
@@ -35,8 +38,10 @@ from occviz.live.jobstate import job_state
 from occviz.scenarios import SCENARIOS
 from occviz.scenarios.base import Scenario
 from occviz.web import events, watch
+from occviz.web.yaml_text import yaml_text
 
 RECENT_JOBS = 15
+FAVICON = "occviz/favicon.ico"
 MAX_COMPARE = 6
 
 
@@ -68,12 +73,7 @@ def _with_setup(jobs: Any) -> list[Job]:
     for job in listed:
         spec = _spec(job)
         job.setup = spec.setup(job.params) if spec else job.strategy
-        summary = job.summary or {}
-        job.alarms = [
-            f"{summary[figure.key]} {figure.label}"
-            for figure in (spec.figures if spec else ())
-            if figure.alarm and isinstance(summary.get(figure.key), int | float) and summary[figure.key] > 0
-        ]
+        job.alarms = spec.alarms(job.summary) if spec else []
     return listed
 
 
@@ -81,6 +81,17 @@ def _jobs_context() -> dict[str, Any]:
     active = Job.objects.filter(status__in=[Job.Status.QUEUED, Job.Status.RUNNING]).select_related("created_by")
     recent = Job.objects.filter(status__in=Job.FINISHED).select_related("created_by")[:RECENT_JOBS]
     return {"active_jobs": _with_setup(active.order_by("id")), "recent_jobs": _with_setup(recent)}
+
+
+@require_safe
+def favicon(request: HttpRequest) -> HttpResponseBase:
+    """/favicon.ico, which browsers and tools ask for whatever the page links: the app's own icon, no sign-in."""
+    found = finders.find(FAVICON)
+    if not isinstance(found, str):
+        raise Http404("No icon.")
+    response = FileResponse(open(found, "rb"), content_type="image/x-icon")  # noqa: SIM115 (closed by Django)
+    response["Cache-Control"] = "public, max-age=86400"
+    return response
 
 
 @require_safe
@@ -186,8 +197,9 @@ def job_detail(request: HtmxHttpRequest, job_id: int) -> HttpResponse:
     # A job whose runner died says so here, rather than "running" (or "cancelling...") forever.
     end_if_stale(job)
     context = _job_context(request, job)
-    # The page's script asks for the controls again when the job ends (no more cancel button).
-    if request.htmx and request.htmx.target in ("controls", "actor-controls"):
+    # The page's script asks for the controls again when the job ends (no more cancel button), and
+    # for its objects once it has made them.
+    if request.htmx and request.htmx.target in ("controls", "actor-controls", "watched-objects"):
         return render(request, f"web/job_detail.html#{request.htmx.target}", context)
     return render(request, "web/job_detail.html", {**context, "live": fragments.first_render_context(job_state(job))})
 
@@ -415,18 +427,24 @@ def job_compare(request: HttpRequest) -> HttpResponse:
     bin_ms = events.bin_for(max(events.duration_ms(job) for job in jobs))
     specs = {job.pk: _spec(job) for job in jobs}
     kinds_of = {pk: spec.rates if spec else () for pk, spec in specs.items()}
+    # Each chart is drawn with its own job's vocabulary: its parameters name its actors.
     series = [
-        {"id": job.pk, "label": f"#{job.pk} {job.strategy or job.scenario}", "scenario": job.scenario, "rates": rates}
+        {
+            "id": job.pk,
+            "label": f"#{job.pk} {job.strategy or job.scenario}",
+            "scenario": job.scenario,
+            "vocabulary": spec.vocabulary(job.params) if (spec := specs[job.pk]) else None,
+            "rates": rates,
+        }
         for job, rates in zip(jobs, events.aligned_rate_series(jobs, bin_ms, kinds_of), strict=True)
     ]
-    vocabularies = {spec.name: spec.vocabulary({}) for spec in specs.values() if spec}
     return render(
         request,
         "web/job_compare.html",
         {
             "jobs": _with_setup(jobs),
             "rows": _compare_rows(jobs),
-            "series": {"bin_ms": bin_ms, "jobs": series, "scenarios": vocabularies},
+            "series": {"bin_ms": bin_ms, "jobs": series},
             "ids": ids,
             "max_compare": MAX_COMPARE,
         },
@@ -443,20 +461,25 @@ def _summary_value(job: Job, key: str) -> Any:
 
 def _compare_rows(jobs: list[Job]) -> list[tuple[str, list[Any]]]:
     """Each job's figures as its final snapshot has them, then what else its scenario compares (its parameters,
-    the summary's verdict figures), in order, once each (jobs of several scenarios: all of them)."""
+    the summary's verdict figures), in order, once each (jobs of several scenarios: all of them).
+
+    Two scenarios may word different figures alike ("conflicts"): those rows say whose they are.
+    """
     finals = [snapshot_or_empty(job.pk, job.last_seq)["figures"] for job in jobs]
-    rows: dict[str, tuple[str, list[Any]]] = {}
+    rows: dict[str, tuple[str, str, list[Any]]] = {}
     for job in jobs:
         spec = _spec(job)
         for figure in spec.shown_figures() if spec else ():
-            if figure.key not in rows:
-                rows[figure.key] = (figure.label, [_figure_text(final.get(figure.key)) for final in finals])
+            if spec and figure.key not in rows:
+                values = [_figure_text(final.get(figure.key)) for final in finals]
+                rows[figure.key] = (figure.label, spec.title.lower(), values)
     for job in jobs:
         spec = _spec(job)
         for key, label in spec.compared if spec else ():
-            if key not in rows:
-                rows[key] = (label, [_summary_value(other, key) for other in jobs])
-    return list(rows.values())
+            if spec and key not in rows:
+                rows[key] = (label, spec.title.lower(), [_summary_value(other, key) for other in jobs])
+    alike = collections.Counter(label for label, _, _ in rows.values())
+    return [(f"{label} ({title})" if alike[label] > 1 else label, values) for label, title, values in rows.values()]
 
 
 def _figure_text(value: Any) -> Any:
@@ -472,11 +495,19 @@ def _watched(resource: str) -> str:
     return resource
 
 
+def _seen(resource: str, namespace: str, name: str, **cursors: int) -> dict[str, Any]:
+    """The object's history, its stored content also as the text the page shows (nested values as YAML)."""
+    seen = watch.history(_watched(resource), namespace, name, **cursors)
+    if seen["object"] is not None:
+        seen["object"]["text"] = yaml_text(seen["object"]["fields"])
+    return seen
+
+
 @require_safe
 @login_required
 def watch_page(request: HttpRequest, resource: str, namespace: str, name: str) -> HttpResponse:
     """One object's history as it happens: every version, who wrote it, the conflicts (kubectl get -w)."""
-    seen = watch.history(_watched(resource), namespace, name)
+    seen = _seen(resource, namespace, name)
     model = watch.RESOURCES[resource]
     context = {
         "resource": resource,
@@ -499,6 +530,4 @@ def watch_history(request: HttpRequest, resource: str, namespace: str, name: str
         after_seq = _int_param(request, "after_seq", 0, 0, 2**62)
     except ValueError as refused:
         return JsonResponse({"error": str(refused)}, status=400)
-    return JsonResponse(
-        watch.history(_watched(resource), namespace, name, after_change=after_change, after_seq=after_seq)
-    )
+    return JsonResponse(_seen(resource, namespace, name, after_change=after_change, after_seq=after_seq))

@@ -85,6 +85,19 @@
         schedule();
       }, { until });
 
+    // Server-rendered parts that change with the job's lifetime, asked for again by their id.
+    const refresh = (id) => {
+      if (window.htmx && document.getElementById(id)) htmx.ajax("GET", window.location.pathname, { target: "#" + id, swap: "outerHTML" });
+    };
+    // A page opened before the job ran has no links to its objects: ask once its events flow, and at the end.
+    const openedLive = !finished;
+    let objectsAsked = false;
+    const askForObjects = () => {
+      if (objectsAsked || document.querySelector("#watched-objects [data-watch]")) return;
+      objectsAsked = true;
+      refresh("watched-objects");
+    };
+
     const onEnd = () => {
       if (ended) return;
       ended = true;
@@ -93,9 +106,9 @@
       schedule();
       // The controls are server-rendered: ask for the finished version, without the cancel button.
       // (The verdict arrives through the live layer's status fragment.)
-      for (const id of ["controls", "actor-controls"]) {
-        if (window.htmx && document.getElementById(id)) htmx.ajax("GET", window.location.pathname, { target: "#" + id, swap: "outerHTML" });
-      }
+      refresh("controls");
+      refresh("actor-controls");
+      if (openedLive) refresh("watched-objects");
     };
 
     if (finished) {
@@ -133,6 +146,7 @@
         } else if (data.type === "frame") {
           // The server's fragments as of this frame: figures, state, log, status.
           if (data.html) O.swapFragments(data.html);
+          askForObjects();
           // Mapped to objects once, on receipt: everything after works on named fields.
           const events = fields && data.events ? O.eventsFromArrays(fields, data.events) : null;
           serial(async () => {
@@ -286,7 +300,7 @@
   function comparePage(container) {
     const data = JSON.parse(document.getElementById("compare-series").textContent);
     const charts = [...container.querySelectorAll("[data-compare-chart]")].map(
-      (c, i) => new O.RateChart(c, new O.Vocabulary(data.scenarios[data.jobs[i].scenario]))
+      (c, i) => new O.RateChart(c, new O.Vocabulary(data.jobs[i].vocabulary))
     );
     const series = data.jobs.map((j) => ({ bin_ms: data.bin_ms, rates: j.rates }));
     const xMaxMs = Math.max(...series.map((s) => Math.max(0, ...Object.values(s.rates).map((v) => v.length)) * data.bin_ms));

@@ -473,10 +473,16 @@
         ctx.fillText(v >= 100 ? v.toFixed(0) : String(+v.toFixed(1)), left - 6, y(v));
       }
       ctx.textAlign = "center";
-      const step = niceMax(xMax / 8);
-      for (let t = 0; t <= xMax; t += step) ctx.fillText(fmtMs(t), x(t), bottom + 12);
+      // About one time label per 72 px, so narrow charts (compare's columns) do not run them together;
+      // the last is kept inside the canvas.
+      const step = niceMax(xMax / Math.max(2, Math.floor(plotW / 72)));
+      for (let t = 0; t <= xMax; t += step) {
+        const label = fmtMs(t);
+        ctx.fillText(label, Math.min(x(t), width - 2 - ctx.measureText(label).width / 2), bottom + 12);
+      }
       ctx.textAlign = "left";
       let labelX = left + 8;
+      let labelY = top + 8;
       for (const kind of kinds) {
         const color = this.vocabulary.color(kind);
         ctx.strokeStyle = color;
@@ -490,9 +496,14 @@
         });
         ctx.stroke();
         const label = this.vocabulary.kind(kind).label + "/s";
+        const labelW = ctx.measureText(label).width;
+        if (labelX > left + 8 && labelX + labelW > left + plotW) {
+          labelX = left + 8; // a legend wider than the chart goes on to a second line
+          labelY += 15;
+        }
         ctx.fillStyle = color;
-        ctx.fillText(label, labelX, top + 8);
-        labelX += ctx.measureText(label).width + 16;
+        ctx.fillText(label, labelX, labelY);
+        labelX += labelW + 16;
       }
       if (cursor != null) {
         ctx.strokeStyle = "#111";

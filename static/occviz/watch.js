@@ -63,9 +63,8 @@
     page.querySelector("[data-now-missing]").hidden = Boolean(object);
     if (object) {
       page.querySelector("[data-version]").textContent = `v${object.version}`;
-      page.querySelector("[data-fields]").textContent = Object.entries(object.fields)
-        .map(([k, v]) => `${k}=${v}`)
-        .join(" ");
+      // Worded by the server (nested values such as a quota's `hard` as YAML lines).
+      page.querySelector("[data-fields]").textContent = object.text;
     }
     const status = page.querySelector("[data-job-status]");
     if (status && job) status.textContent = job.status;

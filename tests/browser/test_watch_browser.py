@@ -36,7 +36,7 @@ def test_api_writes_and_a_stale_one_appear_live_with_the_writers_name(
     assert made.status_code == 201, made.text
     expect(entries).to_have_count(1)
     expect(stored).to_contain_text("Stored now: v1")
-    expect(page.locator("[data-fields]")).to_contain_text("value=0")
+    expect(page.locator("[data-fields]")).to_contain_text("value: 0")
     expect(missing).to_be_hidden()
 
     seen = made.json()
@@ -48,7 +48,7 @@ def test_api_writes_and_a_stale_one_appear_live_with_the_writers_name(
     expect(written.nth(2)).to_have_text(WRITER)
     expect(written.nth(3)).to_have_text("value 5")
     expect(page.locator("[data-version]")).to_have_text("v2")
-    expect(page.locator("[data-fields]")).to_contain_text("value=5")
+    expect(page.locator("[data-fields]")).to_contain_text("value: 5")
 
     seen["spec"]["value"] = 9  # still resourceVersion 1
     stale = api.put(f"{app_url}{COUNTERS}/demo", json=seen)

@@ -49,8 +49,11 @@ _READ_QUOTA = (
 
 
 def admission_workers(params: Mapping[str, Any]) -> int:
-    """How many admission workers a job runs: as many as asked, but no more than there are pods."""
-    return min(int(params["workers"]), int(params["pods"]))
+    """How many admission workers a job runs: as many as asked, but no more than there are pods.
+
+    Pages word jobs of any parameters (compare, old rows): a missing count is one.
+    """
+    return min(int(params.get("workers") or 1), int(params.get("pods") or 1))
 
 
 def quantity(amounts: Mapping[str, Any] | None) -> int:

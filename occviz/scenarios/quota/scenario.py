@@ -323,7 +323,7 @@ class QuotaRace(Scenario):
     def setup(self, params: Mapping[str, Any]) -> str:
         line = (
             f"{params.get('pods')} pods x {params.get('request')} GPU against hard {params.get('hard')}, "
-            f"{min(int(params.get('workers') or 1), int(params.get('pods') or 1))} admission workers"
+            f"{admission_workers(params)} admission workers"
         )
         if params.get("create_failure_rate"):
             line += f", {params['create_failure_rate']:g} of creates fail"
