@@ -53,8 +53,8 @@ _RETRYABLE_SQLSTATES = {
 
 
 @dataclass
-class Writer:
-    """One actor's view of the job: its number, connection, policy and clocks."""
+class ActorContext:
+    """One actor of a job (a counter's writer, a controller): its number, connection, policy and clocks."""
 
     number: int
     recorder: EventRecorder
@@ -107,7 +107,7 @@ class Retryable(Exception):
         self.fields = fields
 
 
-def _read(writer: Writer, row: int, op: int, attempt: int, lock: str = "") -> tuple[int, int, float]:
+def _read(writer: ActorContext, row: int, op: int, attempt: int, lock: str = "") -> tuple[int, int, float]:
     started = time.perf_counter()
     found = writer.cursor.one(_READ + lock if lock else _READ, [row])
     if found is None:
@@ -118,7 +118,7 @@ def _read(writer: Writer, row: int, op: int, attempt: int, lock: str = "") -> tu
     return value, version, took_ms
 
 
-def _committed(writer: Writer, row: int, op: int, attempt: int, started: float, **fields: Any) -> bool:
+def _committed(writer: ActorContext, row: int, op: int, attempt: int, started: float, **fields: Any) -> bool:
     writer.record(op, attempt, "committed", row, latency_ms=(time.perf_counter() - started) * 1000.0, **fields)
     return True
 
@@ -128,7 +128,7 @@ def _committed(writer: Writer, row: int, op: int, attempt: int, started: float, 
 RETRY: Final = object()
 
 
-def with_retries(writer: Writer, row: int, op: int, attempt_once: Callable[[int, float], bool | object]) -> bool:
+def with_retries(writer: ActorContext, row: int, op: int, attempt_once: Callable[[int, float], bool | object]) -> bool:
     """Run `attempt_once` until it commits (True), the job stops (False) or the attempts run out."""
     started = time.perf_counter()
     policy = writer.policy
@@ -156,7 +156,7 @@ def with_retries(writer: Writer, row: int, op: int, attempt_once: Callable[[int,
     return False
 
 
-def none(writer: Writer, row: int, op: int) -> bool:
+def none(writer: ActorContext, row: int, op: int) -> bool:
     started = time.perf_counter()
     value, version, _ = _read(writer, row, op, 1)
     if not writer.pause(writer.think_ms):
@@ -180,7 +180,7 @@ def none(writer: Writer, row: int, op: int) -> bool:
     )
 
 
-def occ(writer: Writer, row: int, op: int) -> bool:
+def occ(writer: ActorContext, row: int, op: int) -> bool:
     def attempt_once(attempt: int, started: float) -> bool | object:
         value, version, _ = _read(writer, row, op, attempt)
         if not writer.pause(writer.think_ms):
@@ -209,7 +209,7 @@ def occ(writer: Writer, row: int, op: int) -> bool:
     return with_retries(writer, row, op, attempt_once)
 
 
-def pessimistic(writer: Writer, row: int, op: int) -> bool:
+def pessimistic(writer: ActorContext, row: int, op: int) -> bool:
     clause = " FOR SHARE" if writer.lock_mode == "share" else " FOR UPDATE"
 
     def attempt_once(attempt: int, started: float) -> bool:
@@ -241,7 +241,7 @@ def pessimistic(writer: Writer, row: int, op: int) -> bool:
     return with_retries(writer, row, op, attempt_once)
 
 
-def serializable(writer: Writer, row: int, op: int) -> bool:
+def serializable(writer: ActorContext, row: int, op: int) -> bool:
     level = "REPEATABLE READ" if writer.isolation == "repeatable-read" else "SERIALIZABLE"
 
     def attempt_once(attempt: int, started: float) -> bool:
@@ -270,7 +270,7 @@ def serializable(writer: Writer, row: int, op: int) -> bool:
     return with_retries(writer, row, op, attempt_once)
 
 
-def atomic(writer: Writer, row: int, op: int) -> bool:
+def atomic(writer: ActorContext, row: int, op: int) -> bool:
     started = time.perf_counter()
     written, value = _IN_PLACE.run(row, None, (Add(1),), cursor=writer.cursor)  # type: ignore[misc]
     return _committed(
@@ -286,7 +286,7 @@ def atomic(writer: Writer, row: int, op: int) -> bool:
     )
 
 
-STRATEGIES: dict[str, Callable[[Writer, int, int], bool]] = {
+STRATEGIES: dict[str, Callable[[ActorContext, int, int], bool]] = {
     "none": none,
     "occ": occ,
     "pessimistic": pessimistic,
@@ -297,7 +297,7 @@ PROTECTED = frozenset({"occ", "pessimistic", "serializable", "atomic"})
 
 
 @contextmanager
-def connected(writer: Writer) -> Iterator[Writer]:
+def connected(writer: ActorContext) -> Iterator[ActorContext]:
     """The writer with its own session, opened before the barrier so connecting is not part of the race."""
     writer.cursor = PreparedSession()
     try:

@@ -34,7 +34,7 @@ from django import forms
 from django.db import connection, transaction
 
 from occviz.concurrency.retry import PRESETS, make_policy
-from occviz.concurrency.strategies import RETRY, Writer, connected, with_retries
+from occviz.concurrency.strategies import RETRY, ActorContext, connected, with_retries
 from occviz.jobs.models import Job
 from occviz.scenarios.base import (
     ERROR,
@@ -353,7 +353,7 @@ def record_outside_write(context: JobContext, row: int, history: History, payloa
 class Controller:
     """One controller: its writer (session, policy, clocks), its field, and the history it reports to."""
 
-    writer: Writer
+    writer: ActorContext
     owned: OwnedField
     row: int
     controllers: int
@@ -455,7 +455,7 @@ def run(context: JobContext) -> dict[str, Any]:
 
     def controller_actor(number: int) -> Actor:
         def act(ready: Callable[[], object]) -> None:
-            writer = Writer(
+            writer = ActorContext(
                 number=number,
                 recorder=context.recorder,
                 policy=policy,

@@ -22,7 +22,7 @@ from django.conf import settings
 from django.db import connection, transaction
 
 from occviz.concurrency.retry import LARGEST_FACTOR, LONGEST_WAIT_MS, PRESETS, make_policy
-from occviz.concurrency.strategies import PROTECTED, STRATEGIES, Writer, connected
+from occviz.concurrency.strategies import PROTECTED, STRATEGIES, ActorContext, connected
 from occviz.scenarios.base import (
     ERROR,
     DecimalNumberField,
@@ -134,7 +134,7 @@ def run(context: JobContext) -> dict[str, Any]:
 
     def writer_actor(number: int) -> Actor:
         def act(ready: Callable[[], object]) -> None:
-            writer = Writer(
+            writer = ActorContext(
                 number=number,
                 recorder=context.recorder,
                 policy=policy,
