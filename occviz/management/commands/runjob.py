@@ -8,7 +8,7 @@ the flags say, so the same input gets the same error here as in the browser. The
 recorded like any other (events, summary, admin), but no worker is needed: the actors
 run as threads of this command.
 
-While the job runs, this process holds its lease (`Job.runner` is `runjob:<host>:<pid>`).
+While the job runs, this process renews its heartbeat (`Job.runner` is `runjob:<host>:<pid>`).
 Ctrl-C (SIGINT) or SIGTERM stops the actors within a second and records the job as
 cancelled, with its summary; the command then exits with 128 + the signal's number. A
 second Ctrl-C interrupts at once: the job is recorded as failed, or if even that is cut
