@@ -33,6 +33,7 @@ from occviz.jobs.reaper import end_stale_jobs
 from occviz.jobs.registry import ParamsError
 from occviz.jobs.runner import run_job, runner_id, stop_all_jobs
 from occviz.jobs.tasks import create_job
+from occviz.management.schema import apply_migrations
 from occviz.scenarios import SCENARIOS
 from occviz.scenarios.base import Scenario
 
@@ -91,6 +92,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         spec = SCENARIOS[options["scenario"]]
+        apply_migrations()  # a new data folder's database is empty: runjob may be the first command run
         data = {}
         for name in spec.form_class.base_fields:
             value = options.get(name)

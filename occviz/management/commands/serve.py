@@ -29,7 +29,6 @@ from typing import Any
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.exceptions import ImproperlyConfigured
-from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, InterfaceError, connections
 
@@ -38,6 +37,7 @@ from occviz.deploy import public_bind_problems
 from occviz.jobs.models import Job
 from occviz.jobs.reaper import start_reaper
 from occviz.jobs.retention import prune_events
+from occviz.management.schema import apply_migrations
 from occviz.store.models import Counter, Lease, Pod, ResourceQuota
 from occviz.supervisor import AlreadyServing, Child, ServeLock, Supervisor
 from occviz.tls import TlsFiles, daphne_endpoint, fingerprint, tls_files
@@ -159,7 +159,7 @@ class Command(BaseCommand):
             lock.release()
 
     def _serve(self, host: str, port: int, address: str, workers: int, tls_port: int, tls: TlsFiles | None) -> None:
-        call_command("migrate", interactive=False, verbosity=0)
+        apply_migrations()
         ensure_demo_data()
         password = reset_demo_user()
         # The connection opened so far may be dead by the time of the shutdown: start that afresh.
