@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from django.conf import settings
 from django.contrib.auth.models import User
 
 from occviz import tls
@@ -183,6 +184,23 @@ def test_kubeconfig_points_at_serves_https_port_with_its_ca_and_a_new_token(data
     assert config["current-context"] == context["name"]
     row = ApiToken.authenticate(user["user"]["token"])
     assert row is not None and row.user == alice and row.name == "kubeconfig"
+
+
+@pytest.mark.slow
+def test_kubeconfig_points_at_the_running_serves_https_port_and_at_the_setting_once_it_stopped(
+    tls_server: TlsServer,
+) -> None:
+    User.objects.create_user("alice")
+
+    def server() -> str:
+        made = manage("kubeconfig", "alice", env=tls_server.env)
+        assert made.returncode == 0, made.stderr
+        return str(yaml.safe_load(made.stdout)["clusters"][0]["cluster"]["server"])
+
+    assert tls_server.served.tls_port != settings.OCCVIZ_TLS_PORT  # a free port, not the setting's
+    assert server() == tls_server.https_url
+    tls_server.served.stop()
+    assert server() == f"https://127.0.0.1:{settings.OCCVIZ_TLS_PORT}"
 
 
 @pytest.mark.django_db(transaction=True)

@@ -39,7 +39,7 @@ from occviz.jobs.reaper import start_reaper
 from occviz.jobs.retention import prune_events
 from occviz.management.schema import apply_migrations
 from occviz.store.models import Counter, Lease, Pod, ResourceQuota
-from occviz.supervisor import AlreadyServing, Child, ServeLock, Supervisor
+from occviz.supervisor import AlreadyServing, Child, ServeAddress, ServeLock, Supervisor
 from occviz.tls import TlsFiles, daphne_endpoint, fingerprint, tls_files
 
 MANAGE = str(Path(settings.BASE_DIR) / "manage.py")
@@ -137,7 +137,8 @@ class Command(BaseCommand):
         address = host_port(host, port)
         lock = ServeLock(settings.DATA_DIR)
         try:
-            lock.acquire(f"http://{address}/ (pid {os.getpid()})")
+            https = f"https://{host_port(host, tls_port)}/" if tls_port else ""
+            lock.acquire(ServeAddress(f"http://{address}/", os.getpid(), https))
         except AlreadyServing as holder:
             raise CommandError(
                 f"Another serve already runs on the data folder {settings.DATA_DIR}: {holder}. "
@@ -220,12 +221,11 @@ class Command(BaseCommand):
     @staticmethod
     def _https_banner(host: str, tls_port: int, tls: TlsFiles) -> str:
         trust = f"its CA: {tls.authority}" if tls.authority else "a certificate of your own"
-        # kubeconfig points at the default port unless told otherwise.
-        server = f" --server https://127.0.0.1:{tls_port}" if tls_port != settings.OCCVIZ_TLS_PORT else ""
         return (
             f"HTTPS for kubectl and API clients: https://{host_port(host, tls_port)}/  ({trust}; "
             f"certificate SHA-256 {fingerprint(tls.certificate)})\n"
-            f"  python manage.py kubeconfig {DEMO_USER}{server} > kubeconfig\n"
+            # kubeconfig finds this serve's HTTPS address in its lock.
+            f"  python manage.py kubeconfig {DEMO_USER} > kubeconfig\n"
             "  kubectl --kubeconfig kubeconfig get leases\n"
         )
 
