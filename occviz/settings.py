@@ -174,8 +174,9 @@ OCCVIZ_HEARTBEAT_TIMEOUT_S = envint("OCCVIZ_HEARTBEAT_TIMEOUT_S", 10, minimum=2,
 # not the disk, hold the job back (measurements: docs/performance.md).
 OCCVIZ_PIN_ACTORS = envbool("OCCVIZ_PIN_ACTORS", False)
 # serve's HTTPS port (0: none), for kubectl, which sends its token only over TLS; `manage.py kubeconfig`
-# points there. Its certificate: these PEM files (the CA for kubeconfigs, if one of your own signed it),
-# or unset, a CA and a certificate for 127.0.0.1/localhost made once in DATA_DIR/tls.
+# points there when no serve runs (else at the running serve's). Its certificate: these PEM files (the CA
+# for kubeconfigs, if one of your own signed it), or unset, a CA and a certificate for 127.0.0.1/localhost
+# made once in DATA_DIR/tls.
 OCCVIZ_TLS_PORT = envint("OCCVIZ_TLS_PORT", 8443, minimum=0, maximum=65535)
 OCCVIZ_TLS_CERT = envstr("OCCVIZ_TLS_CERT", "").strip()
 OCCVIZ_TLS_KEY = envstr("OCCVIZ_TLS_KEY", "").strip()

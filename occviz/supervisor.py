@@ -3,8 +3,9 @@
 `Supervisor` runs the workers and the web server as children. One that exits without
 being asked to is started again after a backoff (1 s, 2 s, 4 s... up to 30 s; back to
 1 s once it has stayed up a minute), with a line in the log that counts the restarts.
-`ServeLock` is an flock on the data folder's `serve.lock`, which names the address of
-the serve that holds it: the kernel drops it with the process, however that process ends.
+`ServeLock` is an flock on the data folder's `serve.lock`, which names the addresses of
+the serve that holds it (`manage.py kubeconfig` reads its HTTPS one there): the kernel drops
+it with the process, however that process ends.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import fcntl
 import os
+import re
 import signal
 import subprocess
 import time
@@ -126,6 +128,52 @@ class AlreadyServing(Exception):
     """Another serve holds the data folder; the message says where it listens."""
 
 
+# A reader (`ServeLock.holder`) holds the lock, shared, for an instant: a serve that finds it
+# taken tries again this many times, this far apart, before it takes it for another serve's.
+ACQUIRE_ATTEMPTS = 5
+ACQUIRE_RETRY_S = 0.02
+
+
+def _lock_exclusively(fd: int) -> bool:
+    """Whether this process now holds the exclusive flock on `fd`, tried ACQUIRE_ATTEMPTS times."""
+    for attempt in range(ACQUIRE_ATTEMPTS):
+        if attempt:
+            time.sleep(ACQUIRE_RETRY_S)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            continue
+        return True
+    return False
+
+
+@dataclass(frozen=True)
+class ServeAddress:
+    """Where a serve listens, as its lock file says it.
+
+    The file's first line is `http://host:port/ (pid N)`, as it always was: a second serve's
+    refusal quotes it, and readers of the file match that line as is. A serve with HTTPS
+    adds a second line, its `https://host:port/`.
+    """
+
+    http: str
+    pid: int
+    https: str = ""
+
+    def text(self) -> str:
+        return f"{self.http} (pid {self.pid})\n" + (f"{self.https}\n" if self.https else "")
+
+    @classmethod
+    def parse(cls, text: str) -> ServeAddress | None:
+        """The address `text()` wrote; None for anything else (a file cut short, say)."""
+        found = re.fullmatch(r"(http://\S+) \(pid (\d+)\)\n(?:(https://\S+)\n)?", text)
+        return cls(found[1], int(found[2]), found[3] or "") if found else None
+
+    def __str__(self) -> str:
+        first = f"{self.http} (pid {self.pid})"
+        return f"{first}, {self.https}" if self.https else first
+
+
 class ServeLock:
     """One serve per data folder: an exclusive flock on DATA_DIR/serve.lock, holding that serve's address.
 
@@ -137,20 +185,37 @@ class ServeLock:
         self.path = data_dir / "serve.lock"
         self._fd: int | None = None
 
-    def acquire(self, address: str) -> None:
+    def acquire(self, address: ServeAddress) -> None:
         """Hold the lock and record `address` in it; AlreadyServing, having changed nothing, if another holds it."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 4096, 0).decode(errors="replace").strip()
+        if not _lock_exclusively(fd):
+            text = os.pread(fd, 4096, 0).decode(errors="replace")
             os.close(fd)
+            holder = ServeAddress.parse(text)
             # Empty: the holder took the lock a moment ago and has not written its address yet.
-            raise AlreadyServing(holder or "starting up") from None
+            raise AlreadyServing(str(holder) if holder else text.strip() or "starting up")
         os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{address}\n".encode(), 0)
+        os.pwrite(fd, address.text().encode(), 0)
         self._fd = fd
+
+    def holder(self) -> ServeAddress | None:
+        """The address of the serve that holds the lock now; None if none does (or it has not written it yet).
+
+        A file left by a serve that ended is not held: what it says is not believed.
+        """
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return None
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # let go of at once, when the file is closed
+            except BlockingIOError:
+                return ServeAddress.parse(os.pread(fd, 4096, 0).decode(errors="replace"))
+            return None
+        finally:
+            os.close(fd)
 
     def release(self) -> None:
         if self._fd is not None:

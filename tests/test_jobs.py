@@ -13,7 +13,7 @@ import pytest
 from django.contrib.auth.models import User
 from django.db import connections
 
-from occviz.concurrency.writer import Writer
+from occviz.concurrency.writer import ActorContext
 from occviz.jobs.models import Event, EventBatch, Job
 from occviz.jobs.runner import run_job
 from occviz.jobs.tasks import create_job, launch
@@ -232,13 +232,13 @@ def test_while_jobs_run_the_interpreter_lock_changes_hands_quickly(monkeypatch: 
     assert sys.getswitchinterval() == before
 
     seen: list[float] = []
-    pause = Writer.pause
+    pause = ActorContext.pause
 
-    def watched_pause(writer: Writer, ms: float) -> bool:
+    def watched_pause(writer: ActorContext, ms: float) -> bool:
         seen.append(sys.getswitchinterval())
         return pause(writer, ms)
 
-    monkeypatch.setattr(Writer, "pause", watched_pause)
+    monkeypatch.setattr(ActorContext, "pause", watched_pause)
     run_job(create_job("counter", {"strategy": "none", "writers": 2, "increments": 3}).pk)
     assert len(seen) == 6 and all(value == pytest.approx(JOB_SWITCH_INTERVAL_S) for value in seen)
     assert sys.getswitchinterval() == before

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 
 from occviz.jobs.models import Job
+from tests.conftest import ROOT, manage
+from tests.test_serve import serve_environment
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -56,6 +61,28 @@ def test_runjob_runs_for_a_duration(run_manage) -> None:  # type: ignore[no-unty
     # Every batch is published to the job's channel group, which no one has joined here:
     # that is no reason to warn, ten times a second, on the user's terminal.
     assert "does not exist" not in result.stderr, result.stderr
+
+
+@pytest.mark.slow
+def test_runjob_on_a_new_data_folder_migrates_its_database_then_prints_the_summary() -> None:
+    """What a new user runs straight after cloning: no DATABASE_URL, a data folder never used."""
+    parent = ROOT / ".pgdata" / "tests"  # inside the project, as the embedded server wants
+    parent.mkdir(parents=True, exist_ok=True)
+    data_dir = Path(tempfile.mkdtemp(prefix="runjob-", dir=parent))
+    try:
+        result = manage(
+            "runjob", "counter", "--writers", "4", "--increments", "10", "--strategy", "occ", "--think-ms", "1",
+            "--json", env=serve_environment(None, data_dir),
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        assert "Traceback" not in result.stderr, result.stderr
+        summary = json.loads(result.stdout)
+        assert summary["id"] == 1 and summary["invariant_ok"] is True
+        assert summary["final_value"] == summary["committed"] == 40 - summary["gave_up"] > 0
+        # The embedded PostgreSQL that runjob started stopped when it exited.
+        assert not (data_dir / "data" / "postmaster.pid").exists()
+    finally:
+        shutil.rmtree(data_dir, ignore_errors=True)
 
 
 def test_runjob_without_json_prints_a_readable_summary(run_manage) -> None:  # type: ignore[no-untyped-def]

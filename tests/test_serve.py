@@ -27,7 +27,7 @@ from typing import Any
 import psutil
 import pytest
 
-from occviz.supervisor import AlreadyServing, ServeLock, Supervisor
+from occviz.supervisor import AlreadyServing, ServeAddress, ServeLock, Supervisor
 from tests.conftest import ROOT, manage
 from tests.servers import free_port
 
@@ -197,12 +197,29 @@ def start_serve() -> Iterator[Callable[..., Served]]:
 
 def test_a_second_serve_lock_on_the_same_data_folder_names_the_first(tmp_path: Path) -> None:
     first, second = ServeLock(tmp_path), ServeLock(tmp_path)
-    first.acquire("http://127.0.0.1:8000/ (pid 1)")
-    with pytest.raises(AlreadyServing, match=re.escape("http://127.0.0.1:8000/ (pid 1)")):
-        second.acquire("http://127.0.0.1:8001/ (pid 2)")
+    first.acquire(ServeAddress("http://127.0.0.1:8000/", 1, "https://127.0.0.1:8443/"))
+    with pytest.raises(AlreadyServing, match=re.escape("http://127.0.0.1:8000/ (pid 1), https://127.0.0.1:8443/")):
+        second.acquire(ServeAddress("http://127.0.0.1:8001/", 2))
     first.release()
-    second.acquire("http://127.0.0.1:8001/ (pid 2)")
+    second.acquire(ServeAddress("http://127.0.0.1:8001/", 2))
     second.release()
+
+
+def test_the_serve_lock_tells_a_reader_the_holders_addresses_and_keeps_its_first_line(tmp_path: Path) -> None:
+    lock, reader = ServeLock(tmp_path), ServeLock(tmp_path)
+    assert reader.holder() is None, "no file yet"
+    address = ServeAddress("http://127.0.0.1:8000/", 1, "https://127.0.0.1:9443/")
+    lock.acquire(address)
+    assert reader.holder() == address
+    # The line readers of the file have always matched comes first, as it was.
+    assert lock.path.read_text().splitlines()[0] == "http://127.0.0.1:8000/ (pid 1)"
+    with pytest.raises(AlreadyServing):  # a reader's look let go of nothing
+        ServeLock(tmp_path).acquire(ServeAddress("http://127.0.0.1:8001/", 2))
+    lock.release()
+    assert reader.holder() is None
+    # What a serve killed outright leaves: its addresses in a file no one holds.
+    lock.path.write_text(address.text())
+    assert reader.holder() is None
 
 
 @pytest.mark.slow

@@ -113,7 +113,7 @@ def make_policy(
 
 
 class Retrying(Protocol):
-    """What `with_retries` needs of the actor it retries for (a Writer is one)."""
+    """What `with_retries` needs of the actor it retries for (an ActorContext is one)."""
 
     @property
     def policy(self) -> RetryPolicy: ...

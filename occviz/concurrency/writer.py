@@ -44,7 +44,7 @@ class Record(Protocol):
 
 
 @dataclass
-class Writer:
+class ActorContext:
     """One actor's view of the job: its number, connection, policy and clocks."""
 
     number: int
@@ -89,7 +89,7 @@ class Writer:
 
 
 @contextmanager
-def connected[W: Writer](writer: W) -> Iterator[W]:
+def connected[W: ActorContext](writer: W) -> Iterator[W]:
     """The writer with its own session, opened before the barrier so connecting is not part of the race."""
     writer.cursor = PreparedSession()
     try:

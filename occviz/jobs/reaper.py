@@ -1,4 +1,4 @@
-"""The reaper: ends the running jobs whose runner stopped renewing their lease.
+"""The reaper: ends the running jobs whose runner stopped renewing their heartbeat.
 
 A running job's process renews `Job.heartbeat_at` every second (`occviz.jobs.runner.Heartbeat`).
 A job whose heartbeat is older than OCCVIZ_HEARTBEAT_TIMEOUT_S lost its runner (killed,
@@ -26,7 +26,7 @@ from occviz.jobs.models import Job
 
 logger = logging.getLogger(__name__)
 
-# Running jobs whose lease ran out (no heartbeat ever: counted from their start).
+# Running jobs whose heartbeat is too old (none ever: counted from their start).
 _STALE = """
     SELECT id, runner, heartbeat_at, started_at, cancel_requested, now()
     FROM jobs_job

@@ -6,7 +6,7 @@ job cancelled while queued is never started, and two workers never run the same
 job), starts the event recorder, lets the scenario run its actors, and records the
 outcome. Actors stop early on cancel, on the time limit, or when one of them fails.
 
-While it runs, the job holds a lease on itself: `runner` names this process and a
+While it runs, the job has a heartbeat: `runner` names this process and a
 `Heartbeat` thread renews `heartbeat_at` every second. A job whose heartbeat stops (its
 process was killed, or lost PostgreSQL for too long) is ended by whichever occviz process
 notices first (`occviz.jobs.reaper`). `stop_all_jobs` is what a signal handler calls.
@@ -49,7 +49,7 @@ def runner_id(kind: str) -> str:
 
 
 class Heartbeat:
-    """A running job's lease on itself: `heartbeat_at` renewed every second, from a thread and connection of its own.
+    """A running job's heartbeat: `heartbeat_at` renewed every second, from a thread and connection of its own.
 
     Each renewal is a compare-and-swap on the job's status and runner. Zero rows means the
     job was ended by someone else (a reaper that saw no heartbeat for longer than the
@@ -77,7 +77,7 @@ class Heartbeat:
             self._thread.join()
 
     def beat(self) -> bool:
-        """Renew the lease now; False if the job is no longer running here."""
+        """Renew the heartbeat now; False if the job is no longer running here."""
         with connection.cursor() as cursor:
             cursor.execute(
                 "UPDATE jobs_job SET heartbeat_at = now() WHERE id = %s AND status = 'running' AND runner = %s",
@@ -133,7 +133,7 @@ def _failure(error: BaseException) -> str:
 
 
 def run_job(job_id: int, *, runner: str | None = None) -> Job:
-    """Run a queued job to its end, holding its lease while it runs; returns it in its final state.
+    """Run a queued job to its end, renewing its heartbeat while it runs; returns it in its final state.
 
     `runner` names this process on the job row (default: `runner_id("worker")`).
     """

@@ -13,10 +13,12 @@ from pathlib import Path
 
 import pytest
 import yaml
+from django.conf import settings
 from django.contrib.auth.models import User
 
 from occviz import tls
 from occviz.api.models import ApiToken
+from occviz.supervisor import ServeAddress, ServeLock
 from tests.api import tls_fixtures
 from tests.api.tls_fixtures import TlsServer, require_kubectl
 from tests.conftest import manage
@@ -183,6 +185,37 @@ def test_kubeconfig_points_at_serves_https_port_with_its_ca_and_a_new_token(data
     assert config["current-context"] == context["name"]
     row = ApiToken.authenticate(user["user"]["token"])
     assert row is not None and row.user == alice and row.name == "kubeconfig"
+
+
+@pytest.mark.slow
+def test_kubeconfig_points_at_the_running_serves_https_port_and_at_the_setting_once_it_stopped(
+    tls_server: TlsServer,
+) -> None:
+    User.objects.create_user("alice")
+
+    def server() -> str:
+        made = manage("kubeconfig", "alice", env=tls_server.env)
+        assert made.returncode == 0, made.stderr
+        return str(yaml.safe_load(made.stdout)["clusters"][0]["cluster"]["server"])
+
+    assert tls_server.served.tls_port != settings.OCCVIZ_TLS_PORT  # a free port, not the setting's
+    assert server() == tls_server.https_url
+    tls_server.served.stop()
+    assert server() == f"https://127.0.0.1:{settings.OCCVIZ_TLS_PORT}"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_kubeconfig_reaches_a_serve_listening_on_every_address_at_127_0_0_1(database_url: str, tmp_path: Path) -> None:
+    User.objects.create_user("alice")
+    for everywhere in ("0.0.0.0", "[::]"):
+        lock = ServeLock(tmp_path)  # held as serve holds it, by this process
+        lock.acquire(ServeAddress(f"http://{everywhere}:8000/", os.getpid(), f"https://{everywhere}:9443/"))
+        try:
+            made = manage("kubeconfig", "alice", env=serve_environment(database_url, tmp_path))
+        finally:
+            lock.release()
+        assert made.returncode == 0, made.stderr
+        assert yaml.safe_load(made.stdout)["clusters"][0]["cluster"]["server"] == "https://127.0.0.1:9443", everywhere
 
 
 @pytest.mark.django_db(transaction=True)

@@ -37,7 +37,7 @@ def test_serve_listens_on_http_and_on_https_verified_by_its_ca_for_127_0_0_1_and
         assert status == 200 and b"password" in body
     banner = tls_server.served.output
     assert banner.count(f"HTTPS for kubectl and API clients: {tls_server.https_url}/") == 1
-    assert f"python manage.py kubeconfig demo --server {tls_server.https_url} > kubeconfig\n" in banner
+    assert "python manage.py kubeconfig demo > kubeconfig\n" in banner  # it finds this serve's port
     key = tls_server.data_dir / tls.TLS_DIR / tls.KEY_FILE
     assert key.stat().st_mode & 0o777 == 0o600
 
@@ -81,6 +81,10 @@ def test_tls_port_0_serves_http_alone_and_makes_no_certificate(database_url: str
         assert "-e" not in web.cmdline()
         assert "HTTPS" not in served.output
         assert not (tmp_path / tls.TLS_DIR).exists()
+        refused = manage("kubeconfig", "demo", env=serve_environment(database_url, tmp_path))
+        assert refused.returncode == 1
+        running = f"{served.url}/ (pid {served.process.pid})"
+        assert f"The serve running on this data folder ({running}) has no HTTPS port" in refused.stderr
     finally:
         served.kill()
 

@@ -48,8 +48,8 @@ class TlsServer:
         return self.data_dir / TLS_DIR / CA_FILE
 
     def kubeconfig(self, username: str, path: Path) -> Path:
-        """`manage.py kubeconfig <username> --server <this serve's HTTPS>` written to `path`."""
-        made = manage("kubeconfig", username, "--server", self.https_url, env=self.env)
+        """`manage.py kubeconfig <username>` written to `path`: it finds this serve's HTTPS address by itself."""
+        made = manage("kubeconfig", username, env=self.env)
         assert made.returncode == 0, made.stderr
         path.write_text(made.stdout)
         return path

@@ -33,10 +33,10 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
-from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connection
 
+from occviz.management.schema import apply_migrations
 from occviz.store.cas import swap_for
 from occviz.store.models import Counter
 
@@ -119,7 +119,7 @@ class Command(BaseCommand):
             )
         parts = PARTS if "all" in options["part"] else [part for part in PARTS if part in options["part"]]
         # Measure what `make run` serves: every migration applied (the live layer's tables included).
-        call_command("migrate", interactive=False, verbosity=0)
+        apply_migrations()
         figures: dict[str, Any] = {}
         if "engine" in parts:
             figures["engine"] = self._engine(writers, seconds, rounds)

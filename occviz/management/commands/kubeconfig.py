@@ -3,14 +3,17 @@
     python manage.py kubeconfig alice > kubeconfig
     kubectl --kubeconfig kubeconfig get leases
 
-It points at serve's HTTPS port (kubectl sends a token only over TLS), carries the CA
-that signed serve's certificate (occviz/tls.py) so nothing else needs trusting, and a
-new bearer token of the user's, named "kubeconfig" (revoked like any other token).
+It points at the HTTPS address of the serve running on this data folder, read from its
+lock (with none running, 127.0.0.1 at OCCVIZ_TLS_PORT), since kubectl sends a token only
+over TLS. It carries the CA that signed serve's certificate (occviz/tls.py) so nothing else
+needs trusting, and a new bearer token of the user's, named "kubeconfig" (revoked like any
+other token).
 """
 
 from __future__ import annotations
 
 import base64
+import ipaddress
 import json
 from typing import Any
 from urllib.parse import urlsplit
@@ -21,6 +24,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from occviz.api.models import ApiToken
+from occviz.supervisor import ServeLock
 from occviz.tls import tls_files
 
 CLUSTER = "occviz"
@@ -54,6 +58,26 @@ def kubeconfig_yaml(server: str, authority_pem: bytes | None, user: str, token: 
     )
 
 
+def default_server() -> str:
+    """The HTTPS address of the serve running on this data folder; with none running, the one OCCVIZ_TLS_PORT gives."""
+    running = ServeLock(settings.DATA_DIR).holder()
+    if running is None:
+        if not settings.OCCVIZ_TLS_PORT:
+            raise CommandError("serve has no HTTPS port (OCCVIZ_TLS_PORT=0): give --server https://...")
+        return f"https://127.0.0.1:{settings.OCCVIZ_TLS_PORT}"
+    if not running.https:
+        raise CommandError(
+            f"The serve running on this data folder ({running}) has no HTTPS port: give --server https://..."
+        )
+    address = urlsplit(running.https)
+    try:
+        everywhere = ipaddress.ip_address(address.hostname or "").is_unspecified
+    except ValueError:  # a host name
+        everywhere = False
+    # Listening on every address (0.0.0.0, ::), it is reached here at 127.0.0.1, which its certificate names.
+    return f"https://127.0.0.1:{address.port}" if everywhere else running.https
+
+
 class Command(BaseCommand):
     help = "Print a kubeconfig for a user: serve's HTTPS address, its CA and a new API token."
 
@@ -61,17 +85,13 @@ class Command(BaseCommand):
         parser.add_argument("username")
         parser.add_argument(
             "--server",
-            help=f"the HTTPS address kubectl is to use (default: serve's, https://127.0.0.1:{settings.OCCVIZ_TLS_PORT})",
+            help="the HTTPS address kubectl is to use (default: the running serve's, else "
+            f"https://127.0.0.1:{settings.OCCVIZ_TLS_PORT})",
         )
         parser.add_argument("--namespace", default="default", help="the context's namespace (default: default)")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        server, username = options["server"], options["username"]
-        if server is None:
-            if not settings.OCCVIZ_TLS_PORT:
-                raise CommandError("serve has no HTTPS port (OCCVIZ_TLS_PORT=0): give --server https://...")
-            server = f"https://127.0.0.1:{settings.OCCVIZ_TLS_PORT}"
-        server = server.rstrip("/")
+        server, username = (options["server"] or default_server()).rstrip("/"), options["username"]
         if urlsplit(server).scheme != "https":
             raise CommandError(f"--server {server}: give an https:// address; kubectl sends no token over plain HTTP.")
         user = get_user_model().objects.filter(username=username).first()

@@ -8,7 +8,7 @@ the flags say, so the same input gets the same error here as in the browser. The
 recorded like any other (events, summary, admin), but no worker is needed: the actors
 run as threads of this command.
 
-While the job runs, this process holds its lease (`Job.runner` is `runjob:<host>:<pid>`).
+While the job runs, this process renews its heartbeat (`Job.runner` is `runjob:<host>:<pid>`).
 Ctrl-C (SIGINT) or SIGTERM stops the actors within a second and records the job as
 cancelled, with its summary; the command then exits with 128 + the signal's number. A
 second Ctrl-C interrupts at once: the job is recorded as failed, or if even that is cut
@@ -33,6 +33,7 @@ from occviz.jobs.reaper import end_stale_jobs
 from occviz.jobs.registry import ParamsError
 from occviz.jobs.runner import run_job, runner_id, stop_all_jobs
 from occviz.jobs.tasks import create_job
+from occviz.management.schema import apply_migrations
 from occviz.scenarios import SCENARIOS
 from occviz.scenarios.base import Scenario
 
@@ -91,6 +92,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         spec = SCENARIOS[options["scenario"]]
+        apply_migrations()  # a new data folder's database is empty: runjob may be the first command run
         data = {}
         for name in spec.form_class.base_fields:
             value = options.get(name)

@@ -29,7 +29,6 @@ from typing import Any
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.exceptions import ImproperlyConfigured
-from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, InterfaceError, connections
 
@@ -38,8 +37,9 @@ from occviz.deploy import public_bind_problems
 from occviz.jobs.models import Job
 from occviz.jobs.reaper import start_reaper
 from occviz.jobs.retention import prune_events
+from occviz.management.schema import apply_migrations
 from occviz.store.models import Counter, Lease, Pod, ResourceQuota
-from occviz.supervisor import AlreadyServing, Child, ServeLock, Supervisor
+from occviz.supervisor import AlreadyServing, Child, ServeAddress, ServeLock, Supervisor
 from occviz.tls import TlsFiles, daphne_endpoint, fingerprint, tls_files
 
 MANAGE = str(Path(settings.BASE_DIR) / "manage.py")
@@ -137,7 +137,8 @@ class Command(BaseCommand):
         address = host_port(host, port)
         lock = ServeLock(settings.DATA_DIR)
         try:
-            lock.acquire(f"http://{address}/ (pid {os.getpid()})")
+            https = f"https://{host_port(host, tls_port)}/" if tls_port else ""
+            lock.acquire(ServeAddress(f"http://{address}/", os.getpid(), https))
         except AlreadyServing as holder:
             raise CommandError(
                 f"Another serve already runs on the data folder {settings.DATA_DIR}: {holder}. "
@@ -159,7 +160,7 @@ class Command(BaseCommand):
             lock.release()
 
     def _serve(self, host: str, port: int, address: str, workers: int, tls_port: int, tls: TlsFiles | None) -> None:
-        call_command("migrate", interactive=False, verbosity=0)
+        apply_migrations()
         ensure_demo_data()
         password = reset_demo_user()
         # The connection opened so far may be dead by the time of the shutdown: start that afresh.
@@ -220,12 +221,11 @@ class Command(BaseCommand):
     @staticmethod
     def _https_banner(host: str, tls_port: int, tls: TlsFiles) -> str:
         trust = f"its CA: {tls.authority}" if tls.authority else "a certificate of your own"
-        # kubeconfig points at the default port unless told otherwise.
-        server = f" --server https://127.0.0.1:{tls_port}" if tls_port != settings.OCCVIZ_TLS_PORT else ""
         return (
             f"HTTPS for kubectl and API clients: https://{host_port(host, tls_port)}/  ({trust}; "
             f"certificate SHA-256 {fingerprint(tls.certificate)})\n"
-            f"  python manage.py kubeconfig {DEMO_USER}{server} > kubeconfig\n"
+            # kubeconfig finds this serve's HTTPS address in its lock.
+            f"  python manage.py kubeconfig {DEMO_USER} > kubeconfig\n"
             "  kubectl --kubeconfig kubeconfig get leases\n"
         )
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from occviz.concurrency.retry import RETRY, with_retries
-from occviz.concurrency.writer import Writer
+from occviz.concurrency.writer import ActorContext
 from occviz.scenarios.controllers.deployment import COLUMNS, FIELDS, OwnedField
 from occviz.scenarios.controllers.history import History
 from occviz.store.cas import swap_for
@@ -31,7 +31,7 @@ _GET = f"SELECT resource_version, {', '.join(COLUMNS)} FROM store_deployment WHE
 class Controller:
     """One controller: its writer (session, policy, clocks), its field, and the history it reports to."""
 
-    writer: Writer
+    writer: ActorContext
     owned: OwnedField
     row: int
     controllers: int

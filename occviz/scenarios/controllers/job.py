@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import transaction
 
 from occviz.concurrency.retry import make_policy
-from occviz.concurrency.writer import Writer, connected
+from occviz.concurrency.writer import ActorContext, connected
 from occviz.jobs.models import Job
 from occviz.scenarios.base import State
 from occviz.scenarios.controllers.actors import Controller
@@ -63,7 +63,7 @@ def run(context: JobContext) -> dict[str, Any]:
 
     def controller_actor(number: int) -> Actor:
         def act(ready: Callable[[], object]) -> None:
-            writer = Writer(
+            writer = ActorContext(
                 number=number,
                 record_step=context.recorder.record,
                 policy=policy,

