@@ -1,4 +1,4 @@
-"""Admin for the versioned objects, their history and the API tokens: no write without the version read.
+"""Admin for the versioned objects and their history: no write without the version read.
 
 Every page that can write carries what the editor loaded, signed (`Loaded`): the change
 form in a hidden field, the change list as a hidden input per row, the delete page in its
@@ -29,7 +29,6 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
-from occviz.api.models import ApiToken
 from occviz.store import writes
 from occviz.store.merge import MINE, FieldMerge, as_json, merged_changes, three_way
 from occviz.store.models import (
@@ -571,15 +570,6 @@ class ChangeAdmin(ReadOnlyAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
         return False  # the history is what happened
-
-
-@admin.register(ApiToken)
-class ApiTokenAdmin(ReadOnlyAdmin):
-    """Tokens are made by their user (dashboard or `manage.py apitoken`); here they are listed and revoked."""
-
-    list_display = ["name", "user", "prefix", "read_only", "created_at", "last_used_at"]
-    list_filter = ["read_only", "user"]
-    search_fields = ["name", "prefix", "user__username"]
 
 
 @admin.register(Deployment)
