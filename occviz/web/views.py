@@ -25,6 +25,7 @@ from django.views.decorators.http import require_http_methods, require_POST, req
 from django_htmx.http import HttpResponseClientRedirect
 from django_htmx.middleware import HtmxDetails
 
+from occviz.jobs import events
 from occviz.jobs.models import Job, JobControl, JobNotRunning
 from occviz.jobs.reaper import end_if_stale
 from occviz.jobs.registry import ParamsError
@@ -33,7 +34,7 @@ from occviz.live import fragments
 from occviz.live.jobstate import job_state
 from occviz.scenarios import SCENARIOS
 from occviz.scenarios.base import Scenario
-from occviz.web import events, watch
+from occviz.web import watch
 
 RECENT_JOBS = 15
 MAX_COMPARE = 6
