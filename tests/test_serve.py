@@ -27,6 +27,8 @@ from typing import Any
 import psutil
 import pytest
 
+from occviz.management.commands.serve import ensure_demo_data
+from occviz.store.kinds import KINDS
 from occviz.supervisor import AlreadyServing, ServeLock, Supervisor
 from tests.conftest import ROOT, manage
 from tests.servers import free_port
@@ -203,6 +205,15 @@ def test_a_second_serve_lock_on_the_same_data_folder_names_the_first(tmp_path: P
     first.release()
     second.acquire("http://127.0.0.1:8001/ (pid 2)")
     second.release()
+
+
+@pytest.mark.django_db
+def test_serve_makes_demo_objects_of_every_kind_once() -> None:
+    ensure_demo_data()
+    ensure_demo_data()  # each start: the same objects, not new ones
+    for kind in KINDS:
+        stored = set(kind.model._default_manager.filter(namespace="demo").values_list("name", flat=True))
+        assert stored == {demo["name"] for demo in kind.demo} != set(), kind.plural
 
 
 @pytest.mark.slow
