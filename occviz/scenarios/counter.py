@@ -438,6 +438,7 @@ class CounterRace(Scenario):
             "dot",
             ring_when="overwrote",
             ring_label="blind write over newer versions",
+            writes=True,
         ),
         EventKind(
             "conflict",
@@ -446,6 +447,7 @@ class CounterRace(Scenario):
             "#d62828",
             "cross",
             explain=_CONFLICT_409,
+            refused=True,
         ),
         EventKind(
             "retry",

@@ -209,7 +209,7 @@ class Admission:
 
         def read(attempt: int) -> QuotaUsage:
             quota = read_quota(self.quota_id)
-            record(actor, number, attempt, "read", version_read=quota.version, value_read=quota.used)
+            record(actor, number, attempt, "read", self.quota_id, version_read=quota.version, value_read=quota.used)
             if self.think_ms:
                 # The admission's evaluation between its read and its write: the window a rival writes in.
                 time.sleep(self.think_ms / 1000.0)
@@ -221,7 +221,15 @@ class Admission:
                 if version is not None:
                     self.ledger.charged(pod, self.request)
             if version is None:
-                record(actor, number, attempt, "conflict", version_read=quota.version, value_read=quantity(quota.used))
+                record(
+                    actor,
+                    number,
+                    attempt,
+                    "conflict",
+                    self.quota_id,
+                    version_read=quota.version,
+                    value_read=quantity(quota.used),
+                )
                 if attempt <= ADMISSION_RETRIES:
                     record(actor, number, attempt, "retry", detail={"retries": ADMISSION_RETRIES})
             return version
@@ -233,6 +241,7 @@ class Admission:
                 number,
                 outcome.attempt,
                 "denied",
+                self.quota_id,
                 version_read=outcome.quota.version,
                 value_read=quantity(outcome.quota.used),
                 detail={"message": outcome.message, "hard": quantity(outcome.quota.hard)},
@@ -245,6 +254,7 @@ class Admission:
                 number,
                 outcome.attempt,
                 "admitted",
+                self.quota_id,
                 version_read=outcome.quota.version,
                 version_written=outcome.version,
                 value_read=quantity(outcome.quota.used),
@@ -346,6 +356,7 @@ class QuotaController:
                     self.resyncs,
                     attempt,
                     "resync_in_sync",
+                    workers.quota_id,
                     version_read=quota.version,
                     value_read=quota.used,
                     value_written=used,
@@ -360,6 +371,7 @@ class QuotaController:
                     self.resyncs,
                     attempt,
                     "resync",
+                    workers.quota_id,
                     version_read=quota.version,
                     version_written=version,
                     value_read=quota.used,
@@ -368,5 +380,11 @@ class QuotaController:
                 )
                 return
             record(
-                CONTROLLER, self.resyncs, attempt, "resync_conflict", version_read=quota.version, value_read=quota.used
+                CONTROLLER,
+                self.resyncs,
+                attempt,
+                "resync_conflict",
+                workers.quota_id,
+                version_read=quota.version,
+                value_read=quota.used,
             )

@@ -398,6 +398,7 @@ class QuotaRace(Scenario):
             ),
             "#1a9e4b",
             "dot",
+            writes=True,
         ),
         EventKind(
             "conflict",
@@ -406,6 +407,7 @@ class QuotaRace(Scenario):
             "#d62828",
             "cross",
             explain=_QUOTA_409,
+            refused=True,
         ),
         EventKind(
             "retry",
@@ -452,6 +454,7 @@ class QuotaRace(Scenario):
             ),
             "#8b3fd9",
             "star",
+            writes=True,
         ),
         EventKind(
             "resync_in_sync",
@@ -470,6 +473,7 @@ class QuotaRace(Scenario):
             "#d62828",
             "cross",
             explain=_QUOTA_409,
+            refused=True,
         ),
         EventKind(
             "outside_charge",
