@@ -4,12 +4,12 @@ The runner knows no scenario and no websocket. Scenarios register themselves as
 programs (`occviz.scenarios`, when the app loads), the live stream registers its
 publisher as an observer (`occviz.live`), and a test can register a program of its
 own. Everything the runner needs of a program is `clean()` and `run()`; a launch also asks
-it for `connections()`.
+it for `connections()`, and the admin lists events by the `kinds` programs declare.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -26,10 +26,22 @@ class ParamsError(Exception):
         super().__init__("; ".join(f"{field}: {' '.join(messages)}" for field, messages in self.errors.items()))
 
 
+class NamedKind(Protocol):
+    """One kind of event a program records."""
+
+    @property
+    def name(self) -> str: ...
+
+
 class JobProgram(Protocol):
     """A kind of job: validates its parameters and runs its actors."""
 
     name: str
+
+    @property
+    def kinds(self) -> Sequence[NamedKind]:
+        """The kinds of event its jobs record."""
+        ...
 
     def clean(self, data: Mapping[str, Any]) -> dict[str, Any]:
         """The cleaned parameters, or ParamsError."""
