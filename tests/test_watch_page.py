@@ -116,7 +116,7 @@ def test_a_quota_race_links_its_quota_whose_history_shows_every_charge(signed_in
 
     data = signed_in.get(f"{watch_url}history.json").json()
     counts = data["counts"]
-    assert sum(tally["versions"] for tally in counts.values()) == quota.resource_version - 1 >= 10
+    assert sum(tally["versions"] for tally in counts.values()) == quota.resource_version - 1 > 0
     conflicts = job.summary["admission_conflicts"] + job.summary["resync_conflicts"]
     assert sum(tally["conflicts"] for tally in counts.values()) == conflicts
     assert any("admitted pod-" in entry["what"] for entry in data["entries"])
