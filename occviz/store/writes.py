@@ -2,8 +2,8 @@
 
 They go through compare_and_swap like a job's writes, and each one, or each refusal, is
 logged as a `Change`: who wrote (the admin's user, the API's user and token), which
-version they had read (none for a blind write) and which they wrote. Each one is then
-announced, as a `WriteNotice`, to the listeners the layers above register at start-up
+version they had read (none for a blind write) and which they wrote. Each update, delete
+or refusal is then announced, as a `WriteNotice`, to the listeners the layers above register at start-up
 (the jobs app hands a write to a running job's objects to that job, which records it on
 a lane named after the writer: a student's `kubectl replace` shows up on the job page
 next to the job's own conflicts). The store knows nothing of who listens.
