@@ -3,10 +3,10 @@
 They go through compare_and_swap like a job's writes, and each one, or each refusal, is
 logged as a `Change`: who wrote (the admin's user, the API's user and token), which
 version they had read (none for a blind write) and which they wrote. Each update, delete
-or refusal is then announced, as a `WriteNotice`, to the listeners the layers above register at start-up
-(the jobs app hands a write to a running job's objects to that job, which records it on
-a lane named after the writer: a student's `kubectl replace` shows up on the job page
-next to the job's own conflicts). The store knows nothing of who listens.
+or refusal is then announced, as a `WriteNotice`, to the listeners the layers above
+register at start-up (the jobs app hands a write to a running job's objects to that job,
+which records it on a lane named after the writer: a student's `kubectl replace` shows up
+on the job page next to the job's own conflicts). The store knows nothing of who listens.
 
 The row is locked for the few statements of the write, so the Change records exactly
 what was stored before and after it, and listeners hear of the writes to one object in
