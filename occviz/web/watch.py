@@ -4,9 +4,9 @@ Two sources, read by cursor so a viewer polling every half second reads only wha
 new: the store's `Change` rows (the admin's and the API's writes and refusals) and, for
 an object a job made, that job's events on the object's row (the kinds its scenario
 declares a write or a refused one, each with the version it read and wrote, worded as the
-job page words them). A job's outside-writer lanes are
-Changes already, so those events are left out. A counter race writes thousands of
-versions a second: a poll sends the newest `NEWEST` entries and counts per writer.
+job page words them). A job's outside-writer lanes are Changes already, so those events
+are left out. A counter race writes thousands of versions a second: a poll sends the
+newest `NEWEST` entries and counts per writer.
 """
 
 from __future__ import annotations
