@@ -414,3 +414,15 @@ def test_jobs_events_history_and_tokens_pages(editor: Client) -> None:
     assert editor.get(f"/admin/store/change/{Change.objects.get().pk}/change/").status_code == 200
     assert editor.post(f"/admin/api/apitoken/{row.pk}/delete/", {"post": "yes"}).status_code == 302
     assert not ApiToken.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_event_list_filters_by_the_kinds_of_every_scenario(editor: Client) -> None:
+    job = run_job(create_job("counter", {"strategy": "occ", "writers": 4, "increments": 10, "think_ms": 5}).pk)
+    page = editor.get("/admin/jobs/event/").content.decode()
+    # Offered whether or not any job recorded one yet: the counter's, the quota's, the leader election's.
+    for kind in ("committed", "conflict", "admitted", "resync", "acquired", "fenced", "erased"):
+        assert f"?kind={kind}" in page, kind
+    conflicts = editor.get(f"/admin/jobs/event/?job={job.pk}&kind=conflict").content.decode()
+    shown = re.findall(r'<td class="field-kind">([a-z_]+)</td>', conflicts)
+    assert shown and set(shown) == {"conflict"}

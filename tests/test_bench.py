@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from occviz.live.bench import JOB_PAGE_QUERY, Viewer, streaming_bench
+from occviz.bench.streaming import JOB_PAGE_QUERY, Viewer, streaming_bench
 
 WHOLE = [(1, 10, 0.0), (11, 25, 0.1)]
 END_WITH_FRAGMENTS = {"type": "end", "status": "succeeded", "html": '<div id="live-status" hx-swap-oob="true">'}

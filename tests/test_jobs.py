@@ -12,6 +12,7 @@ import time
 import pytest
 from django.contrib.auth.models import User
 from django.db import connections
+from django_tasks_db.models import DBTaskResult
 
 from occviz.concurrency.writer import ActorContext
 from occviz.jobs.models import Event, EventBatch, Job
@@ -116,7 +117,7 @@ def test_events_carry_versions_and_timings() -> None:
 @pytest.mark.slow
 def test_a_launched_job_is_run_by_a_db_worker(database_url: str) -> None:
     job = launch("counter", {"strategy": "occ", "writers": 4, "increments": 20})
-    assert Job.objects.get(pk=job.pk).task_id, "launch enqueues a django.tasks task"
+    assert DBTaskResult.objects.filter(args_kwargs__args=[job.pk]).exists(), "launch enqueues a django.tasks task"
     worker = subprocess.Popen(
         [sys.executable, str(ROOT / "manage.py"), "db_worker", "--no-reload", "--interval", "0.1"]
         + ["--no-startup-delay", "--batch"],

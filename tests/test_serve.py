@@ -27,6 +27,8 @@ from typing import Any
 import psutil
 import pytest
 
+from occviz.management.commands.serve import ensure_demo_data
+from occviz.store.kinds import KINDS
 from occviz.supervisor import AlreadyServing, ServeAddress, ServeLock, Supervisor
 from tests.conftest import ROOT, manage
 from tests.servers import free_port
@@ -220,6 +222,15 @@ def test_the_serve_lock_tells_a_reader_the_holders_addresses_and_keeps_its_first
     # What a serve killed outright leaves: its addresses in a file no one holds.
     lock.path.write_text(address.text())
     assert reader.holder() is None
+
+
+@pytest.mark.django_db
+def test_serve_makes_demo_objects_of_every_kind_once() -> None:
+    ensure_demo_data()
+    ensure_demo_data()  # each start: the same objects, not new ones
+    for kind in KINDS:
+        stored = set(kind.model._default_manager.filter(namespace="demo").values_list("name", flat=True))
+        assert stored == {demo["name"] for demo in kind.demo} != set(), kind.plural
 
 
 @pytest.mark.slow

@@ -7,9 +7,13 @@ from typing import Any
 import pytest
 from django.test import Client
 
+from occviz.api import kinds as api_kinds
+from occviz.jobs.runner import run_job
+from occviz.jobs.tasks import create_job
+from occviz.store import kinds as object_kinds
 from occviz.store import writes
 from occviz.store.cas import ANY
-from occviz.store.models import Counter, Pod, ResourceQuota, VersionConflict
+from occviz.store.models import Counter, Deployment, Pod, ResourceQuota, VersionConflict
 from tests.helpers import run_counter
 
 pytestmark = pytest.mark.django_db
@@ -75,7 +79,58 @@ def test_a_jobs_row_shows_its_writers_versions_from_the_jobs_events(signed_in: C
     assert data["entries"][0]["version"] == 62 and data["entries"][0]["writer"] == "API: alice (token laptop)"
     assert len(data["entries"]) == 50
     page = signed_in.get(f"/watch/counters/job-{job.pk}/row-1/").content.decode()
-    assert f"job {job.pk}: writer 2" in page and "committed: value" in page
+    # Each write worded as the scenario words it on the job page.
+    assert f"job {job.pk}: writer 2" in page and "writer 2 committed v" in page
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_controller_race_links_its_deployment_whose_page_shows_every_version_and_conflict(
+    signed_in: Client, alice: Any
+) -> None:
+    job = run_job(
+        create_job(
+            "controllers", {"strategy": "occ", "controllers": 3, "rate_per_s": 100, "seconds": 1, "think_ms": 5}
+        ).pk
+    )
+    deployment = Deployment.objects.get(job=job)
+    watch_url = f"/watch/deployments/job-{job.pk}/{deployment.name}/"
+    assert f'href="{watch_url}"' in signed_in.get(f"/jobs/{job.pk}/").content.decode()
+
+    page = signed_in.get(watch_url)
+    assert page.status_code == 200
+    assert f"/apis/apps/v1/namespaces/job-{job.pk}/deployments/{deployment.name}" in page.content.decode()
+    counts = signed_in.get(f"{watch_url}history.json").json()["counts"]
+    # Every version after the first is one of the controllers' writes; each conflict is counted once.
+    assert sum(tally["versions"] for tally in counts.values()) == deployment.resource_version - 1
+    assert sum(tally["conflicts"] for tally in counts.values()) == job.summary["conflicts"] > 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_quota_race_links_its_quota_whose_history_shows_every_charge(signed_in: Client, alice: Any) -> None:
+    job = run_job(create_job("quota", {"pods": 12, "hard": 10, "request": 1, "workers": 4, "think_ms": 2}).pk)
+    quota = ResourceQuota.objects.get(job=job)
+    watch_url = f"/watch/resourcequotas/job-{job.pk}/{quota.name}/"
+    detail = signed_in.get(f"/jobs/{job.pk}/").content.decode()
+    # Linked before its pods, however many there are; and a pod too.
+    assert f'href="{watch_url}"' in detail and f'href="/watch/pods/job-{job.pk}/' in detail
+
+    data = signed_in.get(f"{watch_url}history.json").json()
+    counts = data["counts"]
+    assert sum(tally["versions"] for tally in counts.values()) == quota.resource_version - 1 > 0
+    conflicts = job.summary["admission_conflicts"] + job.summary["resync_conflicts"]
+    assert sum(tally["conflicts"] for tally in counts.values()) == conflicts
+    assert any("admitted pod-" in entry["what"] for entry in data["entries"])
+    assert "Nothing yet." not in signed_in.get(watch_url).content.decode()
+
+
+def test_every_kind_the_api_serves_has_a_watch_page(signed_in: Client) -> None:
+    assert [kind.object_kind for kind in api_kinds.KINDS] == list(object_kinds.KINDS)
+    for kind in object_kinds.KINDS:
+        fields = dict(kind.demo[0])
+        obj = writes.create(kind.model, {"namespace": "default", **fields}, ALICE)
+        page = signed_in.get(f"/watch/{kind.plural}/default/{obj.name}/")
+        assert page.status_code == 200, kind.plural
+        assert kind.object_path("default", obj.name) in page.content.decode()
 
 
 def test_nested_fields_read_as_kubectl_prints_them(signed_in: Client) -> None:
@@ -96,7 +151,7 @@ def test_nested_fields_read_as_kubectl_prints_them(signed_in: Client) -> None:
 
 
 def test_unknown_resources_and_bad_cursors_are_refused(signed_in: Client, client: Client) -> None:
-    assert signed_in.get("/watch/deployments/default/x/").status_code == 404
+    assert signed_in.get("/watch/widgets/default/x/").status_code == 404
     bad = signed_in.get("/watch/counters/default/x/history.json", {"after_seq": "٣"})
     assert bad.status_code == 400 and "0-9" in bad.json()["error"]
 

@@ -109,7 +109,7 @@ def test_csv_export_has_a_header_and_every_event_in_seq_order(signed_in: Client,
 def test_exports_page_through_jobs_larger_than_one_page(
     signed_in: Client, alice: User, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from occviz.web import events
+    from occviz.jobs import events
 
     monkeypatch.setattr(events, "EXPORT_PAGE", 10)  # a few dozen events: several pages
     job = run_counter(user=alice, strategy="atomic", writers=2, increments=20)

@@ -3,7 +3,7 @@
 A create launches the job exactly as the dashboard's form does (`occviz.jobs.tasks.launch`:
 the scenario's validation, the connection budget, the per-person limit), a delete cancels
 it, and `.../jobs/<id>/events?after=<seq>` pages its stored events as JSON lines, read as
-the dashboard's events.json reads them (occviz.web.events). Jobs live in "default".
+the dashboard's events.json reads them (occviz.jobs.events). Jobs live in "default".
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from occviz.api.auth import Caller
 from occviz.api.kinds import FieldInvalid, rfc3339
 from occviz.api.resources import invalid_error, json_body, no_nul, validated
 from occviz.api.status import ApiError, json_response, resource_details
+from occviz.jobs import events
 from occviz.jobs.models import Job
 from occviz.jobs.registry import ParamsError
 from occviz.jobs.tasks import LaunchRefused, launch
-from occviz.web import events
 
 GROUP = "occviz.dev"
 NAMESPACE = "default"

@@ -1,4 +1,4 @@
-"""Each served kind: its store model, its request schema, and its Kubernetes JSON both ways.
+"""Each served kind (an entry of store/kinds.py): its request schema, and its Kubernetes JSON both ways.
 
 `to_json(obj)` is the object as the API server would show it; `fields(body, current)` the
 store fields a validated body asks for. A replace (PUT) sets the spec as given (what it
@@ -20,6 +20,7 @@ from pydantic import BaseModel
 
 from occviz.api import quota, schemas
 from occviz.store.admission import quantity_text
+from occviz.store.kinds import ObjectKind, kind_of
 from occviz.store.models import Counter, Deployment, Lease, Pod, ResourceQuota, VersionedObject
 from occviz.store.writes import Writer
 
@@ -233,11 +234,10 @@ def _no_release(obj: Any, writer: Writer) -> AbstractContextManager[None]:
 
 @dataclass(frozen=True)
 class Kind:
-    """One served resource: where it lives in the API, its store model, and its JSON both ways."""
+    """One served kind (an entry of store/kinds.py): its request schema, and its JSON both ways."""
 
-    model: type[VersionedObject]
+    object_kind: ObjectKind
     schema: type[schemas._Object]
-    short_names: tuple[str, ...]
     _to_json: Callable[[Any], dict[str, Any]]
     _fields: Callable[[Any, Any], dict[str, Any]]
     admitted: Callable[[str, str, Mapping[str, Any], Writer], AbstractContextManager[None]] = _no_admission
@@ -248,26 +248,32 @@ class Kind:
     """What `kubectl get` prints between NAME and AGE, as a cluster's does: (column, path in the JSON)."""
 
     @property
+    def model(self) -> type[VersionedObject]:
+        return self.object_kind.model
+
+    @property
+    def short_names(self) -> tuple[str, ...]:
+        return self.object_kind.short_names
+
+    @property
     def kind(self) -> str:
-        return self.model.api_kind
+        return self.object_kind.kind
 
     @property
     def plural(self) -> str:
-        return self.model.kind_plural
+        return self.object_kind.plural
 
     @property
     def group(self) -> str:
-        return self.model.api_group
+        return self.object_kind.group
 
     @property
     def api_version(self) -> str:
-        """`apiVersion` of its objects: "v1" for the core group, "<group>/v1" otherwise."""
-        return f"{self.group}/{self.model.api_version}" if self.group else self.model.api_version
+        return self.object_kind.api_version
 
     @property
     def path(self) -> str:
-        """The group version's path: /api/v1 or /apis/<group>/v1."""
-        return f"/apis/{self.api_version}" if self.group else f"/api/{self.api_version}"
+        return self.object_kind.path
 
     def to_json(self, obj: VersionedObject) -> dict[str, Any]:
         """The object as the API server shows it; a kind's own metadata (labels, annotations) follows the common."""
@@ -287,26 +293,25 @@ class Kind:
         return self._fields(body, current)
 
 
+# Every kind of store/kinds.py, in its order (tests/test_watch_page.py checks it).
 KINDS: tuple[Kind, ...] = (
     Kind(
-        Pod,
+        kind_of(Pod),
         schemas.Pod,
-        ("po",),
         _pod_json,
         _pod_fields,
         admitted=quota.admitted,
         released=quota.released,
         columns=(("Status", "status.phase"),),
     ),
-    Kind(ResourceQuota, schemas.ResourceQuota, ("quota",), _quota_json, _quota_fields),
+    Kind(kind_of(ResourceQuota), schemas.ResourceQuota, _quota_json, _quota_fields),
     Kind(
-        Deployment,
+        kind_of(Deployment),
         schemas.Deployment,
-        ("deploy",),
         _deployment_json,
         _deployment_fields,
         columns=(("Replicas", "spec.replicas"),),
     ),
-    Kind(Lease, schemas.Lease, (), _lease_json, _lease_fields, columns=(("Holder", "spec.holderIdentity"),)),
-    Kind(Counter, schemas.Counter, ("cnt",), _counter_json, _counter_fields, columns=(("Value", "spec.value"),)),
+    Kind(kind_of(Lease), schemas.Lease, _lease_json, _lease_fields, columns=(("Holder", "spec.holderIdentity"),)),
+    Kind(kind_of(Counter), schemas.Counter, _counter_json, _counter_fields, columns=(("Value", "spec.value"),)),
 )

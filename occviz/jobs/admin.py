@@ -12,6 +12,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from occviz.jobs.models import Event, EventBatch, Job
+from occviz.jobs.registry import programs
 
 
 @admin.register(Job)
@@ -36,12 +37,26 @@ class EventPaginator(Paginator):
             return int(cursor.fetchone()[0])
 
 
+class EventKindFilter(admin.SimpleListFilter):
+    """Every kind of event a program declares (the scenarios' vocabularies), not only those stored so far."""
+
+    title = "kind"
+    parameter_name = "kind"
+
+    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin[Any]) -> list[tuple[str, str]]:
+        names = {kind.name for program in programs().values() for kind in program.kinds}
+        return [(name, name) for name in sorted(names)]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        return queryset.filter(kind=self.value()) if self.value() else queryset
+
+
 @admin.register(Event)
 class EventAdmin(admin.ModelAdmin):
     """Events of every job; ?job=<id> narrows the list to one job (and makes it cheap to count)."""
 
     list_display = ["job", "seq", "t_ms", "actor", "op", "attempt", "kind", "version_read", "version_written"]
-    list_filter = ["kind"]
+    list_filter = [EventKindFilter]
     list_select_related = ["job"]
     show_full_result_count = False
     paginator = EventPaginator

@@ -5,3 +5,10 @@ class JobsConfig(AppConfig):
     name = "occviz.jobs"
     label = "jobs"
     verbose_name = "Jobs"
+
+    def ready(self) -> None:
+        # The store knows no job: it announces its writes, and a running job's are handed to the job.
+        from occviz.jobs.outside_writes import hand_to_job
+        from occviz.store.writes import add_listener
+
+        add_listener(hand_to_job)

@@ -42,7 +42,6 @@ class Job(models.Model):
     summary = models.JSONField(null=True, blank=True)
     invariant_ok = models.BooleanField(null=True)
     error = models.TextField(blank=True)
-    task_id = models.CharField(max_length=64, blank=True)
     runner = models.CharField(
         max_length=128, blank=True, help_text="The process running it (serve's worker, runjob), while it runs."
     )
@@ -182,18 +181,6 @@ class Event(models.Model):
     EventBatch rows the job's EventRecorder writes, one row per event.
     """
 
-    class Kind(models.TextChoices):
-        READ = "read"
-        COMMITTED = "committed"
-        CONFLICT = "conflict"
-        RETRY = "retry"
-        GAVE_UP = "gave_up"
-        LOCK_WAIT = "lock_wait"
-        LOCK_TIMEOUT = "lock_timeout"
-        DEADLOCK = "deadlock"
-        SERIALIZATION_FAILURE = "serialization_failure"
-        ERROR = "error"
-
     # (job id << 32) + seq: one number per event, as the admin needs (it refuses composite keys).
     id = models.BigIntegerField(primary_key=True)
     job = models.ForeignKey(
@@ -204,7 +191,7 @@ class Event(models.Model):
     actor = models.IntegerField()
     op = models.IntegerField(help_text="The actor's operation number (its n-th increment).")
     attempt = models.IntegerField()
-    kind = models.CharField(max_length=24, choices=Kind.choices)
+    kind = models.CharField(max_length=24, help_text="One of its scenario's event kinds.")
     row = models.BigIntegerField(null=True, blank=True, help_text="Primary key of the contended object.")
     version_read = models.BigIntegerField(null=True, blank=True)
     version_written = models.BigIntegerField(null=True, blank=True)

@@ -5,7 +5,7 @@ programs (`occviz.scenarios`, when the app loads), the live stream registers its
 publisher as an observer (`occviz.live`), and a test can register a program of its
 own. Everything the runner needs of a program is `clean()` and `run()`, and what it shows
 after each stored batch (`figures`, `read_state()`: stored as the batch's snapshot); a
-launch also asks it for `connections()`.
+launch also asks it for `connections()`, and the admin lists events by the `kinds` programs declare.
 """
 
 from __future__ import annotations
@@ -29,6 +29,13 @@ class ParamsError(Exception):
         super().__init__("; ".join(f"{field}: {' '.join(messages)}" for field, messages in self.errors.items()))
 
 
+class NamedKind(Protocol):
+    """One kind of event a program records."""
+
+    @property
+    def name(self) -> str: ...
+
+
 class JobProgram(Protocol):
     """A kind of job: validates its parameters and runs its actors."""
 
@@ -37,6 +44,11 @@ class JobProgram(Protocol):
     @property
     def figures(self) -> Sequence[Figure]:
         """What a viewer of its jobs is shown as numbers, counted from the events as they are stored."""
+        ...
+
+    @property
+    def kinds(self) -> Sequence[NamedKind]:
+        """The kinds of event its jobs record."""
         ...
 
     def clean(self, data: Mapping[str, Any]) -> dict[str, Any]:

@@ -118,9 +118,5 @@ def launch(scenario: str, data: dict[str, Any], user: Any = None) -> Job:
     with transaction.atomic():
         job = create_job(scenario, data, user)
 
-        def enqueue() -> None:
-            result = run_job_task.enqueue(job.pk)
-            Job.objects.filter(pk=job.pk).update(task_id=str(result.id))
-
-        transaction.on_commit(enqueue)
+        transaction.on_commit(lambda: run_job_task.enqueue(job.pk))
     return job

@@ -17,18 +17,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
-from django.db import connection
-
+from occviz.jobs.events import EVENT_FIELDS, read_events
 from occviz.jobs.figures import Totals
-from occviz.jobs.recorder import EVENT_COLUMNS
 from occviz.jobs.snapshots import Snapshot, snapshot_or_empty
 from occviz.scenarios import SCENARIOS
 from occviz.scenarios.base import Scenario
 
 # A frame never carries more events than this; a longer range becomes several frames.
 MAX_EVENTS_PER_FRAME = 2000
-
-EVENT_FIELDS = ("seq", *EVENT_COLUMNS)
 
 
 class Frame(TypedDict):
@@ -60,35 +56,9 @@ class JobInfo:
         return SCENARIOS.get(self.scenario, _BARE)
 
 
-def event_from_row(row: Sequence[Any]) -> dict[str, Any]:
-    """An event as viewers see it, from a stored row (EVENT_FIELDS order, detail as JSON text)."""
-    event = dict(zip(EVENT_FIELDS, row, strict=True))
-    detail = event["detail"]
-    if isinstance(detail, str):
-        # most kinds store no detail: skip the parser for them (a fresh dict each, never shared)
-        event["detail"] = {} if detail == "{}" else json.loads(detail)
-    return event
-
-
 def event_array(event: dict[str, Any]) -> list[Any]:
     """One event as the stream sends it: its values in EVENT_FIELDS order (the names are in the hello)."""
     return [event[name] for name in EVENT_FIELDS]
-
-
-def read_events(job_id: int, after: int, limit: int) -> list[dict[str, Any]]:
-    """The job's stored events with seq > after, in order, at most `limit`.
-
-    batch_seq_to > after lets the (job, seq_to) index skip the batches that end before
-    `after`, so a viewer following a long job reads only the new batches.
-    """
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT {', '.join(EVENT_FIELDS)} FROM jobs_event "
-            "WHERE job_id = %s AND batch_seq_to > %s AND seq > %s ORDER BY seq LIMIT %s",
-            [job_id, after, after, limit],
-        )
-        # A raw cursor returns jsonb as text (Django parses JSONField itself): parse detail as live frames do.
-        return [event_from_row(row) for row in cursor.fetchall()]
 
 
 def make_frame(job_id: int, events: list[dict[str, Any]], snapshot: Snapshot) -> Frame:

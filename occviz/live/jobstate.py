@@ -7,8 +7,9 @@ from typing import Any
 
 from channels.db import database_sync_to_async
 
+from occviz.jobs.events import EVENT_FIELDS
 from occviz.jobs.models import Job
-from occviz.live.frames import EVENT_FIELDS, JobInfo
+from occviz.live.frames import JobInfo
 
 
 @dataclass

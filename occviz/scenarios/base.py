@@ -84,6 +84,11 @@ class EventKind:
     """In the log, an event of this kind right after one of `folds_into` (same actor and op) ends that line..."""
     fold: str = ""
     """...with this text instead of a line of its own ("..., retry 2 in 50 ms")."""
+    writes: bool = False
+    """A write that landed on the event's `row` (`version_written` the version it made): in the object's history."""
+    refused: bool = False
+    """A write to the event's `row` refused for a stale version (`version_read` the one it had read): a conflict in
+    the object's history."""
 
     def __post_init__(self) -> None:
         if self.mark not in MARKS:

@@ -1,4 +1,4 @@
-"""Admin for the versioned objects, their history and the API tokens.
+"""Admin for the versioned objects and their history.
 
 Each kind's admin is a `VersionedAdmin` (versioned_admin.py: every write carries the version
 its editor loaded, a stale one is a conflict). Its actions call the domain's own functions:
@@ -13,7 +13,6 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
 
-from occviz.api.models import ApiToken
 from occviz.store import admission, leases
 from occviz.store.models import Change, Counter, Deployment, Lease, Pod, ResourceQuota
 from occviz.store.versioned_admin import VersionedAdmin, update_action
@@ -106,15 +105,6 @@ class ChangeAdmin(ReadOnlyAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
         return False  # the history is what happened
-
-
-@admin.register(ApiToken)
-class ApiTokenAdmin(ReadOnlyAdmin):
-    """Tokens are made by their user (dashboard or `manage.py apitoken`); here they are listed and revoked."""
-
-    list_display = ["name", "user", "prefix", "read_only", "created_at", "last_used_at"]
-    list_filter = ["read_only", "user"]
-    search_fields = ["name", "prefix", "user__username"]
 
 
 @admin.register(Deployment)

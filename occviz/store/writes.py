@@ -2,29 +2,30 @@
 
 They go through compare_and_swap like a job's writes, and each one, or each refusal, is
 logged as a `Change`: who wrote (the admin's user, the API's user and token), which
-version they had read (none for a blind write) and which they wrote. When the object
-belongs to a running job, the write is also handed to that job (a JobControl "outside"),
-which records it among its own events on a lane named after the writer: a student's
-`kubectl replace` shows up on the job page next to the job's own conflicts.
+version they had read (none for a blind write) and which they wrote. Each update, delete
+or refusal is then announced, as a `WriteNotice`, to the listeners the layers above
+register at start-up (the jobs app hands a write to a running job's objects to that job,
+which records it on a lane named after the writer: a student's `kubectl replace` shows up
+on the job page next to the job's own conflicts). The store knows nothing of who listens.
 
 The row is locked for the few statements of the write, so the Change records exactly
-what was stored before and after it. A stale expected version writes nothing and
-raises VersionConflict once the refusal is logged and committed (unless the caller has a
-transaction of its own, which the raise rolls back with the log).
+what was stored before and after it, and listeners hear of the writes to one object in
+the order they commit (in the write's transaction: a listener's failure undoes the write).
+A stale expected version writes nothing and raises VersionConflict once the refusal is
+logged and committed (unless the caller has a transaction of its own, which the raise
+rolls back with the log).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import IntegrityError, transaction
 
-from occviz.jobs.models import Job, JobNotRunning
 from occviz.store.cas import ANY, compare_and_swap
 from occviz.store.models import Change, VersionConflict, VersionedObject
 
@@ -42,6 +43,58 @@ class Writer:
 
     def __str__(self) -> str:
         return f"{self.via} {self.name}"
+
+
+@dataclass(frozen=True)
+class WriteNotice:
+    """One write (or refusal) as its listeners hear of it: the Change logged, and the object before and after."""
+
+    change: int
+    """The Change's id."""
+    type: str
+    """A Change.Type: MODIFIED, DELETED, or CONFLICT for a refusal."""
+    resource: str
+    namespace: str
+    name: str
+    object_id: int
+    owner_job: int | None
+    """The job that made the object, if one did."""
+    via: str
+    writer: str
+    user: Any
+    expected_version: int | None
+    """The version the writer had read; None for a blind write."""
+    resource_version: int | None
+    """The version written; for a refusal, the version stored."""
+    before: dict[str, Any]
+    after: dict[str, Any]
+    """The object's fields after the write; for a refusal, what the writer sent."""
+
+    def payload(self) -> dict[str, Any]:
+        """The notice as JSON values (who wrote is in `via` and `writer`; the user is left out)."""
+        return {
+            "change": self.change,
+            "type": self.type,
+            "resource": self.resource,
+            "object_id": self.object_id,
+            "name": self.name,
+            "via": self.via,
+            "writer": self.writer,
+            "expected_version": self.expected_version,
+            "resource_version": self.resource_version,
+            "before": self.before,
+            "after": self.after,
+        }
+
+
+WriteListener = Callable[[WriteNotice], None]
+_listeners: list[WriteListener] = []
+
+
+def add_listener(listener: WriteListener) -> None:
+    """`listener(notice)` hears of every write and refusal, in its transaction, the object's row still locked."""
+    if listener not in _listeners:
+        _listeners.append(listener)
 
 
 class AlreadyExists(Exception):
@@ -95,7 +148,7 @@ def update[V: VersionedObject](
                 expected=expected_version,
                 content=fields_of(written),
             )
-            _tell_job(written, change, before=fields_of(stored))
+            _announce(written, change, before=fields_of(stored))
             return written
         attempted = fields_of(stored) | json.loads(json.dumps(dict(changes), cls=DjangoJSONEncoder))
         conflict = _refuse(stored, writer, expected_version, attempted)
@@ -117,7 +170,7 @@ def delete[V: VersionedObject](obj: V, writer: Writer, *, expected_version: int 
                 expected=expected_version,
                 content=content,
             )
-            _tell_job(stored, change, before=content)
+            _announce(stored, change, before=content)
             model._default_manager.filter(pk=obj.pk).delete()
             return stored
         conflict = _refuse(stored, writer, expected_version, fields_of(obj))
@@ -127,7 +180,7 @@ def delete[V: VersionedObject](obj: V, writer: Writer, *, expected_version: int 
 def _refuse(
     stored: VersionedObject, writer: Writer, expected_version: int | object, attempted: dict[str, Any]
 ) -> VersionConflict:
-    """Log a refused write (and tell the job) while the row is still locked, so that the Changes
+    """Log a refused write (and announce it) while the row is still locked, so that the Changes
     of one object are numbered in the order they commit: a watcher reading past the newest
     one it saw misses none. The caller raises the conflict once its transaction has committed."""
     change = _log(
@@ -139,7 +192,7 @@ def _refuse(
         content=attempted,
         stored=fields_of(stored),
     )
-    _tell_job(stored, change, before=fields_of(stored))
+    _announce(stored, change, before=fields_of(stored))
     conflict = VersionConflict(stored, expected_version)
     conflict.stored = stored
     return conflict
@@ -171,22 +224,24 @@ def _log(
     )
 
 
-def _tell_job(obj: VersionedObject, change: Change, *, before: dict[str, Any]) -> None:
-    """Hand the write (or refusal) to the job that owns the object, if it is running."""
-    if obj.job_id is None:
+def _announce(obj: VersionedObject, change: Change, *, before: dict[str, Any]) -> None:
+    if not _listeners:
         return
-    payload = {
-        "change": change.pk,
-        "type": change.type,
-        "resource": change.resource,
-        "object_id": change.object_id,
-        "name": change.name,
-        "via": change.via,
-        "writer": change.writer,
-        "expected_version": change.expected_version,
-        "resource_version": change.resource_version,
-        "before": before,
-        "after": change.object,
-    }
-    with contextlib.suppress(JobNotRunning):  # a finished job's objects are just objects
-        Job(pk=obj.job_id).request_control("outside", payload=payload, user=change.user)
+    notice = WriteNotice(
+        change=change.pk,
+        type=change.type,
+        resource=change.resource,
+        namespace=change.namespace,
+        name=change.name,
+        object_id=change.object_id,
+        owner_job=obj.job_id,
+        via=change.via,
+        writer=change.writer,
+        user=change.user,
+        expected_version=change.expected_version,
+        resource_version=change.resource_version,
+        before=before,
+        after=change.object,
+    )
+    for listener in _listeners:
+        listener(notice)

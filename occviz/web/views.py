@@ -28,6 +28,7 @@ from django.views.decorators.http import require_http_methods, require_POST, req
 from django_htmx.http import HttpResponseClientRedirect
 from django_htmx.middleware import HtmxDetails
 
+from occviz.jobs import events
 from occviz.jobs.models import Job, JobControl, JobNotRunning
 from occviz.jobs.reaper import end_if_stale
 from occviz.jobs.registry import ParamsError
@@ -37,7 +38,8 @@ from occviz.live import fragments
 from occviz.live.jobstate import job_state
 from occviz.scenarios import SCENARIOS
 from occviz.scenarios.base import Scenario
-from occviz.web import events, watch
+from occviz.store import kinds as object_kinds
+from occviz.web import watch
 from occviz.web.yaml_text import yaml_text
 
 RECENT_JOBS = 15
@@ -182,12 +184,20 @@ _WATCHED_LINKS = 8
 
 
 def _watched_objects(job: Job) -> dict[str, Any]:
-    """The job's objects, for links to their watch pages (the first few)."""
-    found: list[tuple[str, str, str]] = []
-    for resource, model in watch.RESOURCES.items():
-        rows = model._default_manager.filter(job=job).order_by("pk").values_list("namespace", "name")
-        found += [(resource, namespace, name) for namespace, name in rows[: _WATCHED_LINKS + 1]]
-    return {"watched": found[:_WATCHED_LINKS], "watched_more": len(found) > _WATCHED_LINKS}
+    """The job's objects, for links to their watch pages: the first of each kind, then a few more, by kind."""
+    found: list[list[tuple[str, str, str]]] = []
+    for kind in object_kinds.KINDS:
+        rows = kind.model._default_manager.filter(job=job).order_by("pk").values_list("namespace", "name")
+        found.append([(kind.plural, namespace, name) for namespace, name in rows[: _WATCHED_LINKS + 1]])
+    # The first of each kind first, so that a quota is linked however many pods its race made.
+    picked = [objects[:1] for objects in found]
+    room = _WATCHED_LINKS - sum(map(len, picked))
+    for objects, chosen in zip(found, picked, strict=True):
+        more = objects[1 : 1 + max(room, 0)]
+        chosen += more
+        room -= len(more)
+    watched = [link for chosen in picked for link in chosen][:_WATCHED_LINKS]
+    return {"watched": watched, "watched_more": sum(map(len, found)) > len(watched)}
 
 
 @require_safe
@@ -490,8 +500,8 @@ def _figure_text(value: Any) -> Any:
 
 
 def _watched(resource: str) -> str:
-    if resource not in watch.RESOURCES:
-        raise Http404(f"No resource {resource!r}: one of {', '.join(watch.RESOURCES)}.")
+    if resource not in object_kinds.BY_PLURAL:
+        raise Http404(f"No resource {resource!r}: one of {', '.join(object_kinds.BY_PLURAL)}.")
     return resource
 
 
@@ -508,13 +518,11 @@ def _seen(resource: str, namespace: str, name: str, **cursors: int) -> dict[str,
 def watch_page(request: HttpRequest, resource: str, namespace: str, name: str) -> HttpResponse:
     """One object's history as it happens: every version, who wrote it, the conflicts (kubectl get -w)."""
     seen = _seen(resource, namespace, name)
-    model = watch.RESOURCES[resource]
     context = {
         "resource": resource,
         "namespace": namespace,
         "name": name,
-        "api_path": (f"/apis/{model.api_group}/{model.api_version}" if model.api_group else f"/api/{model.api_version}")
-        + f"/namespaces/{namespace}/{resource}/{name}",
+        "api_path": object_kinds.BY_PLURAL[resource].object_path(namespace, name),
         "seen": seen,
         "newest": watch.NEWEST,
     }

@@ -2,10 +2,11 @@
 
 Two sources, read by cursor so a viewer polling every half second reads only what is
 new: the store's `Change` rows (the admin's and the API's writes and refusals) and, for
-an object a job made, that job's events on the object's row (its own writes, each with
-the version it read and wrote, and its conflicts). A job's outside-writer lanes are
-Changes already, so those events are left out. A counter race writes thousands of
-versions a second: a poll sends the newest `NEWEST` entries and counts per writer.
+an object a job made, that job's events on the object's row (the kinds its scenario
+declares a write or a refused one, each with the version it read and wrote, worded as the
+job page words them). A job's outside-writer lanes are Changes already, so those events
+are left out. A counter race writes thousands of versions a second: a poll sends the
+newest `NEWEST` entries and counts per writer.
 """
 
 from __future__ import annotations
@@ -16,24 +17,21 @@ from typing import Any, Final
 from django.db import connection
 from django.db.models import Count, Max
 
+from occviz.jobs.events import EVENT_FIELDS, event_from_row
 from occviz.jobs.models import Job
 from occviz.scenarios import SCENARIOS
-from occviz.store.models import Change, Counter, Lease, Pod, ResourceQuota, VersionedObject
+from occviz.store.kinds import BY_PLURAL
+from occviz.store.models import Change, VersionedObject
 from occviz.store.writes import fields_of
 
-RESOURCES: Final[dict[str, type[VersionedObject]]] = {
-    model.kind_plural: model for model in (Counter, Lease, Pod, ResourceQuota)
-}
 NEWEST: Final = 50
 """Entries a poll sends (and the page keeps): the newest; the counts cover every version."""
-# A job's event kinds that are a refused write to the object (the others with version_written wrote it).
-_JOB_CONFLICTS: Final = ("conflict",)
 _VIA_WORDS: Final = {"admin": "admin", "api": "API"}
 
 
 def find(resource: str, namespace: str, name: str) -> VersionedObject | None:
     """The object as stored now, or None (deleted, or never made: its Changes may still tell its story)."""
-    return RESOURCES[resource]._default_manager.filter(namespace=namespace, name=name).first()
+    return BY_PLURAL[resource].model._default_manager.filter(namespace=namespace, name=name).first()
 
 
 def history(resource: str, namespace: str, name: str, *, after_change: int = 0, after_seq: int = 0) -> dict[str, Any]:
@@ -45,7 +43,8 @@ def history(resource: str, namespace: str, name: str, *, after_change: int = 0, 
     # the cursor without having been counted, and never shown.
     last_change = changes.aggregate(last=Max("id"))["last"] or after_change
     changes = changes.filter(id__lte=last_change)
-    entries = [_change_entry(change) for change in changes.order_by("-id")[:NEWEST]]
+    shown = BY_PLURAL[resource].shown
+    entries = [_change_entry(change, shown) for change in changes.order_by("-id")[:NEWEST]]
     counts: dict[str, dict[str, int]] = {}
     for row in changes.values("via", "writer", "type").annotate(n=Count("id")):
         _count(counts, f"{_VIA_WORDS.get(row['via'], row['via'])}: {row['writer']}", row["type"], row["n"])
@@ -69,15 +68,15 @@ def _count(counts: dict[str, dict[str, int]], writer: str, type_: str, n: int) -
     tally["conflicts" if type_ == Change.Type.CONFLICT else "versions"] += n
 
 
-def _change_entry(change: Change) -> dict[str, Any]:
+def _change_entry(change: Change, shown: tuple[str, ...]) -> dict[str, Any]:
     version = change.resource_version
     conflict = change.type == Change.Type.CONFLICT
     if conflict:
         what = f"409 Conflict: had v{change.expected_version}, stored v{version}"
     elif change.blind:
-        what = f"blind write (no resourceVersion): {_fields_words(change.object)}"
+        what = f"blind write (no resourceVersion): {_fields_words(change.object, shown)}"
     else:
-        what = _fields_words(change.object)
+        what = _fields_words(change.object, shown)
     return {
         "key": f"c{change.pk}",
         "version": version,
@@ -88,63 +87,59 @@ def _change_entry(change: Change) -> dict[str, Any]:
     }
 
 
-def _fields_words(fields: dict[str, Any]) -> str:
-    """The fields a person looks at first: a counter's value, a lease's holder, else all of them."""
-    for key in ("value", "holder_identity", "used", "phase"):
-        if key in fields:
-            return f"{key} {fields[key]!r}" if key != "value" else f"value {fields[key]}"
-    return ", ".join(f"{key} {value!r}" for key, value in fields.items())
+def _fields_words(fields: dict[str, Any], shown: tuple[str, ...]) -> str:
+    """The fields its kind shows (a counter's value, a lease's holder), else all of them."""
+    words = [f"{key} {fields[key]!r}" for key in shown if key in fields]
+    return ", ".join(words or [f"{key} {value!r}" for key, value in fields.items()])
 
 
 def _job_history(
     job: Job, row: int, after_seq: int, entries: list[dict[str, Any]], counts: dict[str, dict[str, int]]
 ) -> int:
-    """Add the job's own writes to the row since `after_seq`; the job's newest seq read."""
-    spec = SCENARIOS.get(job.scenario)
-    # Only new batches (batch_seq_to > after_seq uses the job's index), only the row's writes and
-    # conflicts, never the outside lanes (their Changes are read above).
+    """Add the job's own writes to the row since `after_seq`, worded as its scenario words them; the newest seq read."""
     # Every event up to the job's last_seq is stored (the recorder moves it with the batch): read to there.
     last_seq = max(after_seq, Job.objects.filter(pk=job.pk).values_list("last_seq", flat=True).get())
+    spec = SCENARIOS.get(job.scenario)
+    if spec is None:
+        return last_seq
+    # The kinds its scenario declares a write to an event's row, or a refused one.
+    writes = [kind.name for kind in spec.kinds if kind.writes]
+    refused = [kind.name for kind in spec.kinds if kind.refused]
+    # Only new batches (batch_seq_to > after_seq uses the job's index), only the row's writes and
+    # refusals, never the outside lanes (their Changes are read above).
     where = (
         "job_id = %s AND batch_seq_to > %s AND seq > %s AND seq <= %s AND row = %s AND NOT detail ? 'lane' "
-        "AND (version_written IS NOT NULL OR kind = ANY(%s))"
+        "AND kind = ANY(%s)"
     )
-    params: list[Any] = [job.pk, after_seq, after_seq, last_seq, row, list(_JOB_CONFLICTS)]
+    params: list[Any] = [job.pk, after_seq, after_seq, last_seq, row, writes + refused]
     with connection.cursor() as cursor:
         cursor.execute(
-            f"SELECT seq, t_ms, actor, kind, version_read, version_written, value_read, value_written "
-            f"FROM jobs_event WHERE {where} ORDER BY seq DESC LIMIT %s",
+            f"SELECT {', '.join(EVENT_FIELDS)} FROM jobs_event WHERE {where} ORDER BY seq DESC LIMIT %s",
             [*params, NEWEST],
         )
-        newest = cursor.fetchall()
+        newest = [event_from_row(found) for found in cursor.fetchall()]
         cursor.execute(
             f"SELECT actor, kind = ANY(%s), count(*) FROM jobs_event WHERE {where} GROUP BY 1, 2",
-            [list(_JOB_CONFLICTS), *params],
+            [refused, *params],
         )
         grouped = cursor.fetchall()
 
     def who(actor: int) -> str:
-        return f"job {job.pk}: {spec.actor_name(actor) if spec else f'actor {actor}'}"
+        return f"job {job.pk}: {spec.actor_name(actor)}"
 
     for actor, conflict, n in grouped:
         _count(counts, who(actor), Change.Type.CONFLICT if conflict else Change.Type.MODIFIED, n)
     started = job.started_at or job.created_at
-    for seq, t_ms, actor, kind, version_read, version_written, value_read, value_written in newest:
-        conflict = kind in _JOB_CONFLICTS
+    for event in newest:
+        conflict = event["kind"] in refused
         entries.append(
             {
-                "key": f"j{job.pk}.{seq}",
-                "version": version_read if conflict else version_written,
+                "key": f"j{job.pk}.{event['seq']}",
+                "version": event["version_read"] if conflict else event["version_written"],
                 "type": "CONFLICT" if conflict else "MODIFIED",
-                "writer": who(actor),
-                "what": (
-                    f"conflict: had v{version_read}, the row had moved on"
-                    if conflict
-                    else f"{kind}: value {value_read} → {value_written}"
-                    if value_written is not None and job.scenario == "counter"
-                    else kind
-                ),
-                "at": (started + timedelta(milliseconds=t_ms)).isoformat(),
+                "writer": who(event["actor"]),
+                "what": spec.describe(event),
+                "at": (started + timedelta(milliseconds=event["t_ms"])).isoformat(),
             }
         )
     return last_seq

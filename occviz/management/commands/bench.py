@@ -6,7 +6,7 @@ counter race with N writers on the same PostgreSQL. Rounds alternate, so a noisy
 machine slows both sides alike; the figure that matters is their ratio.
 
 streaming: one job watched by 50 websocket clients of the JSON stream against the same
-job unwatched (`occviz.live.bench.streaming_bench`), and the event-to-client latency.
+job unwatched (`occviz.bench.streaming.streaming_bench`), and the event-to-client latency.
 
 browser: the same with 60 clients that open the socket the job page opens (every frame
 with the page's fragments).
@@ -123,7 +123,7 @@ class Command(BaseCommand):
         figures: dict[str, Any] = {}
         if "engine" in parts:
             figures["engine"] = self._engine(writers, seconds, rounds)
-        from occviz.live.bench import JOB_PAGE_QUERY, streaming_bench
+        from occviz.bench.streaming import JOB_PAGE_QUERY, streaming_bench
 
         queries = {"streaming": "", "browser": JOB_PAGE_QUERY}
         for part in [part for part in parts if part in queries]:
@@ -131,7 +131,7 @@ class Command(BaseCommand):
                 None, seconds=seconds, writers=writers, viewers=viewers[part], rounds=rounds, query=queries[part]
             )
         if "failover" in parts:
-            from occviz.scenarios.leader_election.measure import measure_failovers
+            from occviz.bench.failover import measure_failovers
 
             figures["failover"] = measure_failovers(options["failover_runs"], progress=self.stderr.write)
         if options["json"]:

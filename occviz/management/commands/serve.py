@@ -38,12 +38,13 @@ from occviz.jobs.models import Job
 from occviz.jobs.reaper import start_reaper
 from occviz.jobs.retention import prune_events
 from occviz.management.schema import apply_migrations
-from occviz.store.models import Counter, Lease, Pod, ResourceQuota
+from occviz.store.kinds import KINDS
 from occviz.supervisor import AlreadyServing, Child, ServeAddress, ServeLock, Supervisor
 from occviz.tls import TlsFiles, daphne_endpoint, fingerprint, tls_files
 
 MANAGE = str(Path(settings.BASE_DIR) / "manage.py")
 DEMO_USER = "demo"
+DEMO_NAMESPACE = "demo"
 GRACE_S = 10.0
 TEND_EVERY_S = 0.2
 REAP_EVERY_S = 2.0
@@ -51,16 +52,12 @@ PRUNE_EVERY_S = 24 * 3600.0
 
 
 def ensure_demo_data() -> None:
-    """A few objects in the `demo` namespace, to look at in the admin and to contend on from curl."""
-    for name in ("hot", "warm", "cold"):
-        Counter.objects.get_or_create(namespace="demo", name=name)
-    Lease.objects.get_or_create(namespace="demo", name="leader", defaults={"lease_duration_seconds": 15})
-    ResourceQuota.objects.get_or_create(
-        namespace="demo",
-        name="gpu-quota",
-        defaults={"hard": {"requests.nvidia.com/gpu": 1}, "used": {"requests.nvidia.com/gpu": 0}},
-    )
-    Pod.objects.get_or_create(namespace="demo", name="trainer-0", defaults={"requests": {"requests.nvidia.com/gpu": 1}})
+    """Each kind's demo objects in the `demo` namespace, to look at in the admin and to contend on from curl."""
+    for kind in KINDS:
+        for demo in kind.demo:
+            fields = dict(demo)
+            name = fields.pop("name")
+            kind.model._default_manager.get_or_create(namespace=DEMO_NAMESPACE, name=name, defaults=fields)
 
 
 def reset_demo_user() -> str:

@@ -118,6 +118,7 @@ class Controllers(Scenario):
             "dot",
             ring_when="overwrote",
             ring_label="blind write over newer versions",
+            writes=True,
         ),
         EventKind(
             "conflict",
@@ -126,6 +127,7 @@ class Controllers(Scenario):
             "#d62828",
             "cross",
             explain=_CONFLICT_409,
+            refused=True,
         ),
         EventKind(
             "retry",

@@ -133,6 +133,7 @@ class CounterRace(Scenario):
             "dot",
             ring_when="overwrote",
             ring_label="blind write over newer versions",
+            writes=True,
         ),
         EventKind(
             "conflict",
@@ -141,6 +142,7 @@ class CounterRace(Scenario):
             "#d62828",
             "cross",
             explain=_CONFLICT_409,
+            refused=True,
         ),
         EventKind(
             "retry",

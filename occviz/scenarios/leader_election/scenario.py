@@ -164,15 +164,25 @@ class LeaderElectionScenario(Scenario):
     script = "occviz/scenarios/leader_election.js"
     list_params = ("skew",)
     kinds = (
-        _kind("acquired", "acquired the lease", "#1a9e4b", "star", first=(_FAILOVER, *_OUTSIDE["acquired"])),
-        _kind("renewed", "renewed", "#7cc89a", "tick", first=_OUTSIDE["renewed"]),
+        _kind(
+            "acquired", "acquired the lease", "#1a9e4b", "star", first=(_FAILOVER, *_OUTSIDE["acquired"]), writes=True
+        ),
+        _kind("renewed", "renewed", "#7cc89a", "tick", first=_OUTSIDE["renewed"], writes=True),
         _kind("backed_off", "backed off", "#b8c0cc", "tick"),
-        _kind("conflict", "conflict on the lease", "#d62828", "cross", first=_OUTSIDE["conflict"], explain=_LEASE_409),
+        _kind(
+            "conflict",
+            "conflict on the lease",
+            "#d62828",
+            "cross",
+            first=_OUTSIDE["conflict"],
+            explain=_LEASE_409,
+            refused=True,
+        ),
         _kind("renew_failed", "renew failed", "#f08c00", "triangle"),
         _kind("lost", "stepped down", "#7a1010", "square"),
-        _kind("released", "released", "#1c64d6", "square", first=_OUTSIDE["released"]),
-        _kind("guarded_write", "guarded write", "#0f766e", "dot"),
-        _kind("fenced", "fenced (stale write rejected)", "#d62828", "dot"),
+        _kind("released", "released", "#1c64d6", "square", first=_OUTSIDE["released"], writes=True),
+        _kind("guarded_write", "guarded write", "#0f766e", "dot", writes=True),
+        _kind("fenced", "fenced (stale write rejected)", "#d62828", "dot", refused=True),
         _kind("db_error", "database error", "#9b1c1c", "diamond"),
         _kind("reconnected", "reconnected", "#8a94a6", "dot"),
         _kind("killed", "killed", "#111111", "square"),

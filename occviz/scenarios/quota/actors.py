@@ -215,7 +215,7 @@ class Admission:
 
         def read(attempt: int) -> QuotaUsage:
             quota = read_quota(self.quota_id)
-            record(actor, number, attempt, "read", version_read=quota.version, value_read=quota.used)
+            record(actor, number, attempt, "read", self.quota_id, version_read=quota.version, value_read=quota.used)
             if self.think_ms:
                 # The admission's evaluation between its read and its write: the window a rival writes in.
                 time.sleep(self.think_ms / 1000.0)
@@ -227,7 +227,15 @@ class Admission:
                 if version is not None:
                     self.ledger.charged(pod, self.request)
             if version is None:
-                record(actor, number, attempt, "conflict", version_read=quota.version, value_read=quantity(quota.used))
+                record(
+                    actor,
+                    number,
+                    attempt,
+                    "conflict",
+                    self.quota_id,
+                    version_read=quota.version,
+                    value_read=quantity(quota.used),
+                )
                 if attempt <= ADMISSION_RETRIES:
                     record(actor, number, attempt, "retry", detail={"retries": ADMISSION_RETRIES})
             return version
@@ -239,6 +247,7 @@ class Admission:
                 number,
                 outcome.attempt,
                 "denied",
+                self.quota_id,
                 version_read=outcome.quota.version,
                 value_read=quantity(outcome.quota.used),
                 detail={"message": outcome.message, "hard": quantity(outcome.quota.hard)},
@@ -251,6 +260,7 @@ class Admission:
                 number,
                 outcome.attempt,
                 "admitted",
+                self.quota_id,
                 version_read=outcome.quota.version,
                 version_written=outcome.version,
                 value_read=quantity(outcome.quota.used),
@@ -350,6 +360,7 @@ class QuotaController:
                     self.resyncs,
                     attempt,
                     "resync_in_sync",
+                    workers.quota_id,
                     version_read=quota.version,
                     value_read=quota.used,
                     value_written=used,
@@ -364,6 +375,7 @@ class QuotaController:
                     self.resyncs,
                     attempt,
                     "resync",
+                    workers.quota_id,
                     version_read=quota.version,
                     version_written=version,
                     value_read=quota.used,
@@ -372,5 +384,11 @@ class QuotaController:
                 )
                 return
             record(
-                CONTROLLER, self.resyncs, attempt, "resync_conflict", version_read=quota.version, value_read=quota.used
+                CONTROLLER,
+                self.resyncs,
+                attempt,
+                "resync_conflict",
+                workers.quota_id,
+                version_read=quota.version,
+                value_read=quota.used,
             )

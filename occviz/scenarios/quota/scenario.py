@@ -132,6 +132,7 @@ class QuotaRace(Scenario):
             ),
             "#1a9e4b",
             "dot",
+            writes=True,
         ),
         EventKind(
             "conflict",
@@ -140,6 +141,7 @@ class QuotaRace(Scenario):
             "#d62828",
             "cross",
             explain=_QUOTA_409,
+            refused=True,
         ),
         EventKind(
             "retry",
@@ -186,6 +188,7 @@ class QuotaRace(Scenario):
             ),
             "#8b3fd9",
             "star",
+            writes=True,
         ),
         EventKind(
             "resync_in_sync",
@@ -204,6 +207,7 @@ class QuotaRace(Scenario):
             "#d62828",
             "cross",
             explain=_QUOTA_409,
+            refused=True,
         ),
         EventKind(
             "outside_charge",

@@ -1,6 +1,6 @@
 """The streaming benchmark: does watching a job slow it down, and how late do its events reach viewers?
 
-    from occviz.live.bench import JOB_PAGE_QUERY, streaming_bench
+    from occviz.bench.streaming import JOB_PAGE_QUERY, streaming_bench
     figures = streaming_bench(None, seconds=4.0, writers=4, viewers=50, rounds=3)
     pages = streaming_bench(None, viewers=60, query=JOB_PAGE_QUERY)
 

@@ -2,8 +2,9 @@
 
 Each run is a real job (`runjob leader-election ... --kill-leader-at T`), recorded like any
 other; the figure is its summary's `new_leader_after_s`, from the kill to the new leader's
-acquisition, against the summary's `bound_s` (LeaseDuration + 2 x 2.2 x RetryPeriod + margin,
-see summary.py) and against the shorter LeaseDuration + 2.2 x RetryPeriod the design names.
+acquisition, against the summary's `bound_s` (LeaseDuration + 2 x 2.2 x RetryPeriod +
+margin, see the leader election's summary.py) and against the shorter LeaseDuration +
+2.2 x RetryPeriod the design names.
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
-"""Reading a job's stored events for the browser: pages by sequence, streamed exports, rate series.
+"""Reading a job's stored events, as viewers see them: pages by sequence, streamed exports, rate series.
 
-The store is the truth the live stream resumes from, so every reader here pages by
-`seq` (keyset, never OFFSET): a page costs the same at event 10 as at event 10 million,
-and an export never holds a whole job in memory. A job whose events were pruned
-(occviz/jobs/retention.py) has none to read: `pruned_notice` says so instead.
+The live stream, the dashboard and the API all read events here. The store is the truth
+the live stream resumes from, so every reader pages by `seq` (keyset, never OFFSET): a
+page costs the same at event 10 as at event 10 million, and an export never holds a
+whole job in memory. A job whose events were pruned (occviz/jobs/retention.py) has none
+to read: `pruned_notice` says so instead.
 """
 
 from __future__ import annotations
@@ -14,14 +15,42 @@ from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from asgiref.sync import sync_to_async
+from django.db import connection
 from django.db.models import Count, F
 from django.db.models.functions import Floor
 
 from occviz.jobs.models import Event, Job
-from occviz.live.frames import EVENT_FIELDS, read_events
+from occviz.jobs.recorder import EVENT_COLUMNS
 
+EVENT_FIELDS = ("seq", *EVENT_COLUMNS)
 EXPORT_PAGE = 5_000
 MAX_PAGE = 5_000
+
+
+def event_from_row(row: Sequence[Any]) -> dict[str, Any]:
+    """An event as viewers see it, from a stored row (EVENT_FIELDS order, detail as JSON text)."""
+    event = dict(zip(EVENT_FIELDS, row, strict=True))
+    detail = event["detail"]
+    if isinstance(detail, str):
+        # most kinds store no detail: skip the parser for them (a fresh dict each, never shared)
+        event["detail"] = {} if detail == "{}" else json.loads(detail)
+    return event
+
+
+def read_events(job_id: int, after: int, limit: int) -> list[dict[str, Any]]:
+    """The job's stored events with seq > after, in order, at most `limit`.
+
+    batch_seq_to > after lets the (job, seq_to) index skip the batches that end before
+    `after`, so a viewer following a long job reads only the new batches.
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT {', '.join(EVENT_FIELDS)} FROM jobs_event "
+            "WHERE job_id = %s AND batch_seq_to > %s AND seq > %s ORDER BY seq LIMIT %s",
+            [job_id, after, after, limit],
+        )
+        # A raw cursor returns jsonb as text (Django parses JSONField itself): parse detail as live frames do.
+        return [event_from_row(row) for row in cursor.fetchall()]
 
 
 def pruned_notice(job: Job) -> str:
