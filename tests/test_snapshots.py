@@ -22,6 +22,8 @@ from occviz.jobs.models import EventBatch, Job
 from occviz.jobs.runner import run_job
 from occviz.jobs.tasks import create_job
 from occviz.scenarios import SCENARIOS
+from tests.helpers import events
+from tests.test_outside_writes import OutsideIncrementer
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -131,3 +133,28 @@ def test_a_running_leader_elections_replicas_show_from_the_first_render(signed_i
     finally:
         job.request_cancel()
         runner.join(timeout=30)
+
+
+def test_an_api_increment_a_later_commit_builds_on_is_no_lost_update_live_in_replay_or_summary(
+    signed_in: Client, alice: Any
+) -> None:
+    params = {"strategy": "occ", "writers": 3, "increments": 150, "think_ms": 3, "max_attempts": 50}
+    job = create_job("counter", params, alice)
+    outside = OutsideIncrementer(job.pk, increments=20, think_s=0.003)
+    outside.start()
+    job = run_job(job.pk)
+    outside.join(timeout=60)
+    assert outside.error is None, outside.error
+    assert outside.committed == 20 and outside.conflicts > 0, "the API writer never raced the job"
+    # Commits of the job's writers came after the API's and built on them: they read the versions it wrote.
+    written_outside = {event.version_written for event in events(job, "outside_write")}
+    assert any(event.version_read in written_outside for event in events(job, "committed"))
+    summary = job.summary or {}
+    assert summary["outside_writes"] == 20 and summary["lost_updates"] == 0, summary["invariant"]
+
+    last = snapshot(signed_in, job)
+    assert last["figures"]["lost_updates"] == 0 and last["figures"]["outside_writes"] == 20
+    assert last["state"]["rows"][0]["value"] == summary["final_value"] == summary["committed"] + 20
+    for url in (f"/jobs/{job.pk}/", f"/jobs/{job.pk}/fragments/?seq={job.last_seq}"):
+        shown = shown_figures(signed_in.get(url).content.decode())
+        assert shown["lost_updates"] == "0" and shown["outside_writes"] == "20", url

@@ -169,6 +169,13 @@ def test_replay_scrubs_to_any_moment(page: Page, app_url: str, teacher: User, ar
     page.locator("[data-scrub]").fill(str(duration))
     expect(value).to_have_text(str(committed))
     assert canvas_has_marks(page, "[data-timeline]")
+    # At the last event, replay shows what the live page shows at the end: the same figures, rows and log.
+    page.wait_for_selector(f"[data-page=replay][data-seq-shown='{job.last_seq}']")
+    replayed = {part: page.locator(f"#live-{part}").inner_text() for part in ("figures", "state", "log")}
+    live = page.context.new_page()
+    live.goto(f"{app_url}/jobs/{job.pk}/")
+    assert {part: live.locator(f"#live-{part}").inner_text() for part in ("figures", "state", "log")} == replayed
+    live.close()
     page.screenshot(path=str(artifacts / "replay.png"), full_page=True)
 
     page.locator("[data-scrub]").fill("0")
