@@ -37,6 +37,24 @@ def test_kill_the_leader_and_watch_the_failover(page: Page, app_url: str, teache
     expect(page.locator("#live-state [data-holder]")).to_have_text(f"replica-{leader}")
     page.wait_for_function("(n) => document.querySelector('[data-timeline]').dataset.leaders === String(n)", arg=leader)
 
+    # Opened again while the job runs, the page shows every replica's belief, token and timer from its
+    # first render (the server's HTML, before any frame), as the runner's snapshot has them; so do
+    # snapshot.json and replay at the latest moment.
+    again = page.context.new_page()
+    response = again.goto(f"{app_url}/jobs/{job_id}/")
+    assert response is not None
+    first = response.text()
+    assert re.search(r"<strong>yes</strong> \(token \d+\)", first), "no leader in the first render"
+    assert re.search(r"lease: [\d.]+ s left", first), "no follower's lease timer in the first render"
+    assert first.count("<tr data-replica=") >= 2
+    state = again.request.get(f"{app_url}/jobs/{job_id}/snapshot.json").json()["state"]
+    assert any(replica["leading"] and replica["token"] >= 1 for replica in state["replicas"])
+    again.goto(f"{app_url}/jobs/{job_id}/replay/")
+    again.wait_for_selector("[data-page=replay][data-ready='1']")
+    again.locator("[data-scrub]").fill(again.locator("[data-scrub]").get_attribute("max") or "0")
+    expect(again.locator("#live-state tr.leading")).to_contain_text("token", timeout=10_000)
+    again.close()
+
     page.click(f'#actor-controls tr[data-actor-row="{leader}"] button[data-control="kill"]')
     expect(page.locator("[data-control-note]")).to_have_text(f"Sent: kill replica-{leader}.")
 
