@@ -22,6 +22,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from django.db import Error, connection
@@ -31,7 +32,7 @@ from occviz.jobs.affinity import one_cpu, quick_handoffs
 from occviz.jobs.context import JobContext
 from occviz.jobs.models import Job
 from occviz.jobs.recorder import EventRecorder
-from occviz.jobs.registry import observers_for, program
+from occviz.jobs.registry import JobProgram, observers_for, program
 from occviz.jobs.snapshots import Snapshotter
 
 logger = logging.getLogger(__name__)
@@ -138,15 +139,7 @@ def run_job(job_id: int, *, runner: str | None = None) -> Job:
     `runner` names this process on the job row (default: `runner_id("worker")`).
     """
     job = Job.objects.get(pk=job_id)
-    if _stopping_reason is not None:
-        # A signal arrived between the job's creation (or claim) and its start: it never begins.
-        if not job.move(Job.Status.QUEUED, Job.Status.CANCELLED, cancel_requested=True, finished_at=timezone.now()):
-            job.refresh_from_db()
-        return job
-    runner = runner or runner_id("worker")
-    started = timezone.now()
-    if not job.move(Job.Status.QUEUED, Job.Status.RUNNING, started_at=started, runner=runner, heartbeat_at=started):
-        logger.info("job %s is %s, not queued: not running it", job.pk, job.status)
+    if not _start(job, runner or runner_id("worker")):
         return job
     runnable = program(job.scenario)
     params = dict(job.params)
@@ -157,43 +150,21 @@ def run_job(job_id: int, *, runner: str | None = None) -> Job:
     observers = observers_for(job)
     recorder.listeners.extend(observer.stored for observer in observers)
     context = JobContext(job, recorder)
-    heartbeat = Heartbeat(job.pk, runner, on_lost=lambda: context.request_stop("ended elsewhere"))
+    heartbeat = Heartbeat(job.pk, job.runner, on_lost=lambda: context.request_stop("ended elsewhere"))
     with _running_lock:
         _running[job.pk] = context
         if _stopping_reason is not None:
             context.request_stop(_stopping_reason)
-    summary: dict[str, Any] | None = None
-    error = ""
-    interrupted: BaseException | None = None
     try:
         heartbeat.start()
-        # The flusher and the actors start inside: pinned, they inherit the one CPU.
-        with one_cpu(), quick_handoffs():
-            recorder.start()
-            try:
-                summary = runnable.run(context)
-            except Exception as failure:
-                error = _failure(failure)
-                logger.exception("job %s failed", job.pk)
-            except BaseException as stopped:  # KeyboardInterrupt, SystemExit: record the end, then go on stopping
-                interrupted = stopped
-                context.request_stop("interrupted")
-                error = f"its process was stopped ({type(stopped).__name__}) before the job ended"
-            finally:
-                recorder.stop()
+        outcome = _run_program(runnable, context)
     finally:
         # Stopped before the final write: once the job is no longer running here, nothing renews it.
         heartbeat.stop()
         with _running_lock:
             _running.pop(job.pk, None)
-    if context.errors:
-        error = "\n".join(context.errors)
-    if error:
-        status = Job.Status.FAILED
-    elif context.stop_reason == "cancelled":
-        status = Job.Status.CANCELLED
-    else:
-        status = Job.Status.SUCCEEDED
+    status = outcome.status(context)
+    summary = outcome.summary
     if summary is not None:
         # The parameters are echoed first; what the program reports of the same name wins.
         summary = {
@@ -213,16 +184,68 @@ def run_job(job_id: int, *, runner: str | None = None) -> Job:
         finished_at=timezone.now(),
         summary=summary,
         invariant_ok=None if summary is None else summary["invariant_ok"],
-        error=error,
+        error=outcome.error,
     )
     for observer in observers:
         try:
             observer.ended(job)
         except Exception:
             logger.exception("job %s: telling an observer of its end failed", job.pk)
-    if interrupted is not None:
-        raise interrupted
+    if outcome.interrupted is not None:
+        raise outcome.interrupted
     return job
+
+
+def _start(job: Job, runner: str) -> bool:
+    """Move the job from queued to running here; False (and `job` as it is now) if it is not to run."""
+    if _stopping_reason is not None:
+        # A signal arrived between the job's creation (or claim) and its start: it never begins.
+        if not job.move(Job.Status.QUEUED, Job.Status.CANCELLED, cancel_requested=True, finished_at=timezone.now()):
+            job.refresh_from_db()
+        return False
+    started = timezone.now()
+    if not job.move(Job.Status.QUEUED, Job.Status.RUNNING, started_at=started, runner=runner, heartbeat_at=started):
+        logger.info("job %s is %s, not queued: not running it", job.pk, job.status)
+        return False
+    return True
+
+
+@dataclass
+class Outcome:
+    """How a program's run ended: its summary, or why it failed, or the interruption to pass on."""
+
+    summary: dict[str, Any] | None = None
+    error: str = ""
+    interrupted: BaseException | None = None
+
+    def status(self, context: JobContext) -> str:
+        if context.errors:
+            self.error = "\n".join(context.errors)
+        if self.error:
+            return Job.Status.FAILED
+        if context.stop_reason == "cancelled":
+            return Job.Status.CANCELLED
+        return Job.Status.SUCCEEDED
+
+
+def _run_program(runnable: JobProgram, context: JobContext) -> Outcome:
+    """Run the program with its recorder flushing, to whatever end; everything recorded is stored after."""
+    outcome = Outcome()
+    # The flusher and the actors start inside: pinned, they inherit the one CPU.
+    with one_cpu(), quick_handoffs():
+        context.recorder.start()
+        try:
+            outcome.summary = runnable.run(context)
+        except Exception as failure:
+            outcome.error = _failure(failure)
+            logger.exception("job %s failed", context.job.pk)
+        except BaseException as stopped:  # KeyboardInterrupt, SystemExit: record the end, then go on stopping
+            outcome.interrupted = stopped
+            context.request_stop("interrupted")
+            outcome.error = f"its process was stopped ({type(stopped).__name__}) before the job ended"
+        finally:
+            context.recorder.stop()
+    return outcome
 
 
 def _record_end(job: Job, status: str, **fields: Any) -> None:
