@@ -8,6 +8,7 @@ OCCVIZ_MAX_SECONDS): a deadline that think time, retry waits and lock waits coun
 from __future__ import annotations
 
 import random
+import threading
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -18,7 +19,7 @@ from occviz.concurrency.retry import make_policy
 from occviz.concurrency.writer import connected
 from occviz.scenarios.base import State
 from occviz.scenarios.counter.actors import STRATEGIES, CounterWriter, increment_until_done
-from occviz.scenarios.counter.summary import summarize, tally_outside, tally_rows
+from occviz.scenarios.counter.summary import OutsideTally, summarize, tally_outside, tally_rows
 from occviz.scenarios.outside import outside_write
 from occviz.store.models import Counter
 
@@ -40,6 +41,13 @@ def _make_rows(job: Job, params: Mapping[str, Any]) -> dict[int, str]:
         for i in range(1, params["rows"] + 1)
     )
     return {counter.pk: counter.name for counter in counters}
+
+
+# The outside writes of the jobs running in this process, counted as they are recorded: the state read
+# after every batch needs them, and scanning every stored event's detail for them each time would grow
+# with the job (its conflicts carry a detail too).
+_outside: dict[int, OutsideTally] = {}
+_outside_lock = threading.Lock()
 
 
 def run(context: JobContext) -> dict[str, Any]:
@@ -79,6 +87,8 @@ def run(context: JobContext) -> dict[str, Any]:
         return act
 
     lanes, own_rows = iter(range(params["writers"] + 1, 2**31)), set(rows)
+    with _outside_lock:
+        _outside[job.pk] = OutsideTally()
     context.on_outside_write(
         lambda payload: record_outside_write(context, own_rows, payload), next_actor=lanes.__next__
     )
@@ -89,7 +99,12 @@ def run(context: JobContext) -> dict[str, Any]:
         list(Counter.objects.filter(pk__in=rows).select_for_update().values_list("pk"))
         tally = tally_rows(job.pk, params["initial_value"])
         context.settle_outside_writes()
-    return summarize(params, context.final_figures(), rows, context.elapsed_s, seed, tally, tally_outside(job.pk))
+    try:
+        figures = context.final_figures()
+    finally:
+        with _outside_lock:
+            _outside.pop(job.pk, None)
+    return summarize(params, figures, rows, context.elapsed_s, seed, tally, tally_outside(job.pk))
 
 
 def record_outside_write(context: JobContext, rows: set[int], payload: Mapping[str, Any]) -> None:
@@ -122,6 +137,10 @@ def record_outside_write(context: JobContext, rows: set[int], payload: Mapping[s
     else:
         return  # a new object is not one of the job's rows
     context.recorder.record(write.actor, 0, 1, kind, int(payload["object_id"]), detail=detail, **fields)
+    with _outside_lock:
+        running = _outside.get(context.job.pk)
+        if running is not None:
+            running.add(detail)
 
 
 def read_state(job_id: int, params: Mapping[str, Any]) -> State:
@@ -134,6 +153,11 @@ def read_state(job_id: int, params: Mapping[str, Any]) -> State:
         for pk, row_name, value, version in tally.rows[:MAX_ROWS_SHOWN]
     ]
     # Outside writes moved versions and values by their own amounts: not lost updates, unless erased.
-    outside = tally_outside(job_id)
-    lost = tally.lost_updates - outside.commits + outside.delta + outside.erased
+    with _outside_lock:
+        running = _outside.get(job_id)
+        counted = None if running is None else running.delta + running.erased - running.commits
+    if counted is None:
+        outside = tally_outside(job_id)
+        counted = outside.delta + outside.erased - outside.commits
+    lost = tally.lost_updates + counted
     return State({"rows": rows}, {"lost_updates": lost})

@@ -66,6 +66,19 @@ class OutsideTally:
     """Versions written to, and value of, rows deleted from outside (counted as if still there)."""
     removed_rows: int = 0
 
+    def add(self, detail: Mapping[str, Any]) -> None:
+        """Count one outside event, by its detail."""
+        if "delta" in detail:
+            self.commits += 1
+            self.delta += int(detail["delta"])
+        if detail.get("erased"):
+            self.erased += int(detail["erased"])
+            self.erased_by[detail["lane"]] = self.erased_by.get(detail["lane"], 0) + int(detail["erased"])
+        if "removed_versions" in detail:
+            self.removed_rows += 1
+            self.removed_versions += int(detail["removed_versions"])
+            self.removed_value += int(detail["removed_value"] or 0)
+
 
 def tally_outside(job_id: int) -> OutsideTally:
     """Sum the outside events' details (only outside events carry a lane): a few rows, however long the job."""
@@ -78,16 +91,7 @@ def tally_outside(job_id: int) -> OutsideTally:
         details = [json.loads(d) if isinstance(d, str) else d for (d,) in cursor.fetchall()]
     tally = OutsideTally()
     for detail in details:
-        if "delta" in detail:
-            tally.commits += 1
-            tally.delta += int(detail["delta"])
-        if detail.get("erased"):
-            tally.erased += int(detail["erased"])
-            tally.erased_by[detail["lane"]] = tally.erased_by.get(detail["lane"], 0) + int(detail["erased"])
-        if "removed_versions" in detail:
-            tally.removed_rows += 1
-            tally.removed_versions += int(detail["removed_versions"])
-            tally.removed_value += int(detail["removed_value"] or 0)
+        tally.add(detail)
     return tally
 
 
