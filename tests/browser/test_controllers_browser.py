@@ -48,7 +48,7 @@ def test_launch_two_blind_controllers_and_watch_fields_erased(
     # The verdict, once the ten seconds are up: the lost fields, counted exactly.
     verdict = page.locator("#live-status .verdict")
     expect(verdict).to_be_visible(timeout=30_000)
-    expect(verdict).to_contain_text("acknowledged fields erased, counted exactly")
+    expect(verdict).to_contain_text("acknowledged fields erased by another controller, counted exactly")
     job = Job.objects.get(pk=job_id)
     assert job.status == Job.Status.SUCCEEDED and job.summary is not None
     assert job.summary["lost_fields"] > 0 and job.invariant_ok is True

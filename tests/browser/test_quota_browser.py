@@ -49,10 +49,10 @@ def test_leak_and_repair_live(page: Page, app_url: str, teacher: User, artifacts
     )
     expect(page.locator("#live-log li", has_text="leaked released").first).to_be_visible(timeout=10_000)
 
-    # The verdict: admitted usage never exceeded hard.
+    # The verdict: the pods admitted never held more than hard.
     verdict = page.locator("#live-status .verdict")
     expect(verdict).to_contain_text("Invariant holds", timeout=20_000)
-    expect(verdict).to_contain_text("admitted usage never exceeded hard 40")
+    expect(verdict).to_contain_text("the pods admitted never held more than hard 40")
     expect(page.locator("#live-state [data-gap]")).to_contain_text("Charged usage matches")
     page.wait_for_timeout(300)
     page.screenshot(path=str(artifacts / "quota-repaired.png"), full_page=True)
