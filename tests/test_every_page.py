@@ -24,7 +24,7 @@ from occviz.jobs.models import Job
 from occviz.jobs.runner import run_job
 from occviz.jobs.tasks import create_job
 from occviz.scenarios import SCENARIOS
-from occviz.web import watch
+from occviz.store.kinds import KINDS
 
 # Small jobs: a finished one ends in about a second; a running one runs until it is cancelled.
 FINISHED: dict[str, dict[str, Any]] = {
@@ -85,9 +85,9 @@ OBJECTS_PER_KIND = 2
 def watch_urls(job: Job) -> list[str]:
     """The watch page of each kind of object the job uses (the first few of each kind)."""
     urls = []
-    for resource, model in watch.RESOURCES.items():
-        rows = model._default_manager.filter(job=job).order_by("pk").values_list("namespace", "name")
-        urls += [f"/watch/{resource}/{namespace}/{name}/" for namespace, name in rows[:OBJECTS_PER_KIND]]
+    for kind in KINDS:
+        rows = kind.model._default_manager.filter(job=job).order_by("pk").values_list("namespace", "name")
+        urls += [f"/watch/{kind.plural}/{namespace}/{name}/" for namespace, name in rows[:OBJECTS_PER_KIND]]
     return urls
 
 
@@ -208,8 +208,7 @@ def test_the_watch_page_of_every_object_a_job_uses_answers(
 ) -> None:
     job = job_set.subject(scenario, state).job
     urls = watch_urls(job)
-    if scenario != "controllers":  # its Deployment has no watch page yet
-        assert urls, f"{scenario} {state}: no objects found"
+    assert urls, f"{scenario} {state}: no objects found"
     found = [problem for url in urls for problem in problems(viewer, url)]
     found += [problem for url in urls for problem in problems(viewer, url + "history.json")]
     assert found == []
