@@ -85,39 +85,20 @@
         schedule();
       }, { until });
 
-    // Server-rendered parts that change with the job's lifetime, asked for again by their id.
-    const refresh = (id) => {
-      if (window.htmx && document.getElementById(id)) htmx.ajax("GET", window.location.pathname, { target: "#" + id, swap: "outerHTML" });
-    };
-    // A page opened before the job ran has no links to its objects: ask once its events flow, and at the end.
-    const openedLive = !finished;
-    let objectsAsked = false;
-    const askForObjects = () => {
-      if (objectsAsked || document.querySelector("#watched-objects [data-watch]")) return;
-      objectsAsked = true;
-      refresh("watched-objects");
-    };
-
+    const parts = lifetimeParts(!finished);
     const onEnd = () => {
       if (ended) return;
       ended = true;
       finished = true;
       page.dataset.finished = "1";
       schedule();
-      // The controls are server-rendered: ask for the finished version, without the cancel button.
-      // (The verdict arrives through the live layer's status fragment.)
-      refresh("controls");
-      refresh("actor-controls");
-      if (openedLive) refresh("watched-objects");
+      parts.ended();
     };
 
     if (finished) {
       serial(() => catchUp(Infinity)).then(onEnd);
       return;
     }
-
-    let socketFailures = 0;
-    let endSeen = false;
 
     const poll = () =>
       serial(async () => {
@@ -129,49 +110,85 @@
         setTimeout(poll, 1000);
       });
 
+    followSocket(page, () => model.lastSeq, {
+      onFrame(data, events) {
+        // The server's fragments as of this frame: those of figures, state, log and status that changed.
+        if (data.html) O.swapFragments(data.html);
+        parts.eventsFlow();
+        serial(async () => {
+          const complete = events && events.length === data.seq_to - data.seq_from + 1;
+          // A gap (a dropped frame) or a frame sent as a range only: read what is missing from the store.
+          if (data.seq_from > model.lastSeq + 1 || !complete) await catchUp(data.seq_to);
+          else model.add(events);
+          schedule();
+        });
+      },
+      onEnd(data) {
+        if (data.html) O.swapFragments(data.html);
+        serial(() => catchUp(Infinity)).then(onEnd);
+      },
+      onBlocked() {
+        // Websockets blocked (a proxy, say): read the store over HTTP instead.
+        if (note) note.textContent = "Following the job over HTTP (websocket unavailable).";
+        poll();
+      },
+    });
+  }
+
+  /** The job page's server-rendered parts that change with the job's lifetime, asked for again by their id. */
+  function lifetimeParts(openedLive) {
+    const refresh = (id) => {
+      if (window.htmx && document.getElementById(id)) htmx.ajax("GET", window.location.pathname, { target: "#" + id, swap: "outerHTML" });
+    };
+    let objectsAsked = false;
+    return {
+      // A page opened before the job ran has no links to its objects: ask once its events flow, and at the end.
+      eventsFlow() {
+        if (objectsAsked || document.querySelector("#watched-objects [data-watch]")) return;
+        objectsAsked = true;
+        refresh("watched-objects");
+      },
+      // The controls: the finished version, without the cancel button (the verdict comes in the status fragment).
+      ended() {
+        refresh("controls");
+        refresh("actor-controls");
+        if (openedLive) refresh("watched-objects");
+      },
+    };
+  }
+
+  /** Follows a job's socket with the page's fragments (?html=1) from the last seq seen, again after a drop;
+      after three opens that fail it leaves websockets to `onBlocked`. */
+  function followSocket(page, lastSeq, { onFrame, onEnd, onBlocked }) {
+    let failures = 0;
+    let ended = false;
     const connect = () => {
       const scheme = window.location.protocol === "https:" ? "wss" : "ws";
-      const socket = new WebSocket(`${scheme}://${window.location.host}${page.dataset.wsPath}?after=${model.lastSeq}&html=1`);
+      const socket = new WebSocket(`${scheme}://${window.location.host}${page.dataset.wsPath}?after=${lastSeq()}&html=1`);
       let opened = false;
-      socket.onopen = () => {
-        opened = true;
-        socketFailures = 0;
-      };
       // Frames carry each event as an array of values in the order the hello names once.
       let fields = null;
+      socket.onopen = () => {
+        opened = true;
+        failures = 0;
+      };
       socket.onmessage = (message) => {
         const data = JSON.parse(message.data);
         if (data.type === "hello") {
           fields = data.event_fields;
         } else if (data.type === "frame") {
-          // The server's fragments as of this frame: figures, state, log, status.
-          if (data.html) O.swapFragments(data.html);
-          askForObjects();
           // Mapped to objects once, on receipt: everything after works on named fields.
-          const events = fields && data.events ? O.eventsFromArrays(fields, data.events) : null;
-          serial(async () => {
-            const complete = events && events.length === data.seq_to - data.seq_from + 1;
-            // A gap (a dropped frame) or a frame sent as a range only: read what is missing from the store.
-            if (data.seq_from > model.lastSeq + 1 || !complete) await catchUp(data.seq_to);
-            else model.add(events);
-            schedule();
-          });
+          onFrame(data, fields && data.events ? O.eventsFromArrays(fields, data.events) : null);
         } else if (data.type === "end") {
-          endSeen = true;
-          if (data.html) O.swapFragments(data.html);
-          serial(() => catchUp(Infinity)).then(onEnd);
+          ended = true;
+          onEnd(data);
         }
       };
       socket.onclose = () => {
-        if (ended || endSeen) return;
-        socketFailures += opened ? 0 : 1;
-        if (socketFailures >= 3) {
-          // Websockets blocked (a proxy, say): read the store over HTTP instead.
-          if (note) note.textContent = "Following the job over HTTP (websocket unavailable).";
-          poll();
-          return;
-        }
-        setTimeout(connect, 500 + Math.random() * 1000);
+        if (ended) return;
+        failures += opened ? 0 : 1;
+        if (failures >= 3) onBlocked();
+        else setTimeout(connect, 500 + Math.random() * 1000);
       };
     };
     connect();
