@@ -8,6 +8,8 @@ from django.test import Client
 from django_tasks_db.models import DBTaskResult
 
 from occviz.jobs.models import Job
+from occviz.jobs.runner import run_job
+from occviz.jobs.tasks import create_job
 
 pytestmark = pytest.mark.django_db
 
@@ -333,20 +335,19 @@ def test_the_icon_is_the_apps_own_for_every_page_and_at_favicon_ico(signed_in: C
         response.close()  # last: closing ends the request, and the database connection with it
 
 
+@pytest.mark.django_db(transaction=True)
 def test_compare_says_whose_figure_a_row_is_when_two_scenarios_word_them_alike(signed_in: Client) -> None:
-    done = {"status": "succeeded", "invariant_ok": True}
-    race = Job.objects.create(
-        scenario="counter", params={"strategy": "occ", "writers": 2}, summary={"conflicts": 7}, **done
-    )
-    quota = Job.objects.create(
-        scenario="quota", params={"pods": 2, "workers": 2}, summary={"admission_conflicts": 3}, **done
-    )
+    # Real jobs: compare reads each one's figures from its final snapshot.
+    race = run_job(create_job("counter", {"strategy": "occ", "writers": 3, "increments": 20, "think_ms": 2}).pk)
+    quota = run_job(create_job("quota", {"pods": 3, "hard": 1, "workers": 3}).pk)
     response = signed_in.get(f"/jobs/compare/?id={race.pk}&id={quota.pk}")
     assert response.status_code == 200
     html = response.content.decode()
     none = '<td class="num">\N{EN DASH}</td>'
-    assert f'<th scope="row">conflicts (counter race)</th><td class="num">7</td>{none}' in html
-    assert f'<th scope="row">conflicts (quota race)</th>{none}<td class="num">3</td>' in html
+    conflicts = (race.summary or {})["conflicts"]
+    assert f'<th scope="row">conflicts (counter race)</th><td class="num">{conflicts}</td>{none}' in html
+    admission = (quota.summary or {})["admission_conflicts"]
+    assert f'<th scope="row">conflicts (quota race)</th>{none}<td class="num">{admission}</td>' in html
     assert '<th scope="row">admitted</th>' in html  # worded by one scenario only: as it is
 
 
