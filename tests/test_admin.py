@@ -416,6 +416,13 @@ def test_jobs_events_history_and_tokens_pages(editor: Client) -> None:
     assert not ApiToken.objects.exists()
 
 
+def test_the_job_list_shows_the_label_each_scenario_declares(editor: Client) -> None:
+    Job.objects.create(scenario="counter", params={"strategy": "occ", "writers": 2})
+    Job.objects.create(scenario="quota", params={"pods": 2, "workers": 2})
+    tags = re.findall(r'<td class="field-tag">([^<]*)</td>', editor.get("/admin/jobs/job/").content.decode())
+    assert tags == ["-", "occ"]  # newest first: a quota race declares none
+
+
 @pytest.mark.django_db(transaction=True)
 def test_the_event_list_filters_by_the_kinds_of_every_scenario(editor: Client) -> None:
     job = run_job(create_job("counter", {"strategy": "occ", "writers": 4, "increments": 10, "think_ms": 5}).pk)

@@ -106,7 +106,7 @@ def stale_job(seconds_ago: float = 60, **fields: Any) -> Job:
     beat = timezone.now() - timedelta(seconds=seconds_ago)
     return Job.objects.create(
         scenario="counter",
-        strategy="occ",
+        params={"strategy": "occ"},
         status=Job.Status.RUNNING,
         runner=fields.pop("runner", "worker:gone:1"),
         started_at=beat - timedelta(seconds=5),
@@ -402,12 +402,12 @@ def some_jobs() -> dict[str, Job]:
     now = timezone.now()
     return {
         "succeeded": Job.objects.create(
-            scenario="counter", strategy="occ", status=Job.Status.SUCCEEDED, invariant_ok=True,
+            scenario="counter", params={"strategy": "occ"}, status=Job.Status.SUCCEEDED, invariant_ok=True,
             runner="runjob:h:1", started_at=now, finished_at=now, summary={"invariant_ok": True},
         ),
         "failed": stale_job(),
         "running": Job.objects.create(
-            scenario="counter", strategy="none", status=Job.Status.RUNNING, runner="worker:h:2",
+            scenario="counter", params={"strategy": "none"}, status=Job.Status.RUNNING, runner="worker:h:2",
             started_at=now, heartbeat_at=now,
         ),
         "queued": Job.objects.create(scenario="leader-election"),
@@ -437,6 +437,7 @@ def test_jobs_json_is_one_array(run_manage, some_jobs: dict[str, Job]) -> None: 
     running = by_id[some_jobs["running"].pk]
     assert running["status"] == "running" and running["runner"] == "worker:h:2"
     assert 0 <= running["heartbeat_age_s"] < 60
+    assert running["strategy"] == "none" and by_id[some_jobs["queued"].pk]["strategy"] is None  # from the params
     failed = by_id[some_jobs["failed"].pk]
     assert failed["status"] == "failed" and failed["reason"].startswith("its worker stopped")
     assert failed["heartbeat_age_s"] is None and failed["verdict"] == "-"

@@ -131,7 +131,7 @@ def test_numbers_in_other_digits_are_refused(
 @pytest.mark.django_db
 @pytest.mark.parametrize("query", [f"after={ARABIC_3}", f"limit={FULLWIDTH_3}", f"after=1&limit={ARABIC_1}{ARABIC_0}"])
 def test_events_json_refuses_other_digits(signed_in: Client, alice: User, query: str) -> None:
-    job = Job.objects.create(scenario="counter", strategy="occ", params={"writers": 1}, created_by=alice)
+    job = Job.objects.create(scenario="counter", params={"strategy": "occ", "writers": 1}, created_by=alice)
     response = signed_in.get(f"/jobs/{job.pk}/events.json?{query}")
     assert response.status_code == 400
     assert "in the digits 0-9" in response.json()["error"]

@@ -241,7 +241,7 @@ async def test_large_ranges_are_split_and_totals_stay_exact(session_cookie: byte
 async def test_merged_frames_say_what_one_frame_over_their_range_says() -> None:
     """A viewer that fell behind gets consecutive frames joined into one message: the same JSON as one frame."""
     job = await sync_to_async(lambda: run_job(counter_job(increments=100).pk))()
-    info = JobInfo(id=job.pk, scenario=job.scenario, strategy=job.strategy, params=dict(job.params))
+    info = JobInfo(id=job.pk, scenario=job.scenario, params=dict(job.params))
 
     def frames(limit: int) -> list[WireFrame]:
         reader, found = StoreReader(info, 0), []

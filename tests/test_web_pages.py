@@ -66,11 +66,10 @@ def test_sign_out_is_a_post(signed_in: Client) -> None:
 
 
 def test_home_shows_only_the_scenarios_that_exist_and_the_jobs(signed_in: Client, alice: User) -> None:
-    running = Job.objects.create(scenario="counter", strategy="occ", params={"writers": 7}, status="running")
+    running = Job.objects.create(scenario="counter", params={"strategy": "occ", "writers": 7}, status="running")
     done = Job.objects.create(
         scenario="counter",
-        strategy="none",
-        params={"writers": 8},
+        params={"strategy": "none", "writers": 8},
         status="succeeded",
         invariant_ok=True,
         summary={"conflicts": 0, "lost_updates": 42, "invariant": "42 updates lost, counted exactly"},
@@ -88,7 +87,7 @@ def test_home_shows_only_the_scenarios_that_exist_and_the_jobs(signed_in: Client
 
 
 def test_home_jobs_partial_for_htmx_polling(signed_in: Client) -> None:
-    Job.objects.create(scenario="counter", strategy="occ", params={"writers": 3}, status="queued")
+    Job.objects.create(scenario="counter", params={"strategy": "occ", "writers": 3}, status="queued")
     response = signed_in.get("/", headers={"HX-Request": "true"})
     html = response.content.decode()
     assert html.lstrip().startswith('<section id="jobs"')
@@ -179,7 +178,7 @@ def test_a_valid_launch_queues_a_job_and_its_task(
     job = Job.objects.get()
     assert response.status_code == 302
     assert response["Location"] == f"/jobs/{job.pk}/"
-    assert (job.status, job.strategy, job.created_by) == ("queued", "occ", alice)
+    assert (job.status, job.params["strategy"], job.created_by) == ("queued", "occ", alice)
     assert job.params["writers"] == 4
     task = DBTaskResult.objects.get()
     assert task.task_path.endswith("run_job_task")
@@ -197,7 +196,7 @@ def test_unknown_scenario_is_404(signed_in: Client) -> None:
 
 
 def test_job_page_has_the_timeline_charts_and_cancel(signed_in: Client, alice: User) -> None:
-    job = Job.objects.create(scenario="counter", strategy="occ", params={"writers": 4}, created_by=alice)
+    job = Job.objects.create(scenario="counter", params={"strategy": "occ", "writers": 4}, created_by=alice)
     html = signed_in.get(f"/jobs/{job.pk}/").content.decode()
     assert "data-timeline" in html
     assert "data-rates" in html
@@ -211,8 +210,7 @@ def test_job_page_has_the_timeline_charts_and_cancel(signed_in: Client, alice: U
 def test_job_page_shows_the_verdict_of_a_finished_job(signed_in: Client) -> None:
     job = Job.objects.create(
         scenario="counter",
-        strategy="none",
-        params={"writers": 8},
+        params={"strategy": "none", "writers": 8},
         status="succeeded",
         invariant_ok=True,
         summary={"invariant": "400 blind writes committed, the value rose by 97", "lost_updates": 303},
@@ -228,7 +226,7 @@ def test_job_page_shows_the_verdict_of_a_finished_job(signed_in: Client) -> None
 
 
 def test_cancel_a_queued_job(signed_in: Client, alice: User) -> None:
-    job = Job.objects.create(scenario="counter", strategy="occ", params={"writers": 4}, created_by=alice)
+    job = Job.objects.create(scenario="counter", params={"strategy": "occ", "writers": 4}, created_by=alice)
     assert signed_in.get(f"/jobs/{job.pk}/cancel/").status_code == 405
     response = signed_in.post(f"/jobs/{job.pk}/cancel/")
     assert response.status_code == 302
@@ -313,7 +311,7 @@ def test_a_leader_election_jobs_pages_render_from_its_declaration(signed_in: Cli
 def test_a_page_opened_before_the_job_made_its_objects_can_ask_for_their_links(signed_in: Client, alice: User) -> None:
     from occviz.store.models import Counter
 
-    job = Job.objects.create(scenario="counter", strategy="occ", params={"writers": 2}, created_by=alice)
+    job = Job.objects.create(scenario="counter", params={"strategy": "occ", "writers": 2}, created_by=alice)
     html = signed_in.get(f"/jobs/{job.pk}/").content.decode()
     assert '<section id="watched-objects" aria-label="Its objects" hidden>' in html and "data-watch" not in html
     Counter.objects.create(namespace=f"job-{job.pk}", name="row-1", job=job)
@@ -351,3 +349,24 @@ def test_compare_says_whose_figure_a_row_is_when_two_scenarios_word_them_alike(s
     admission = (quota.summary or {})["admission_conflicts"]
     assert f'<th scope="row">conflicts (quota race)</th>{none}<td class="num">{admission}</td>' in html
     assert '<th scope="row">admitted</th>' in html  # worded by one scenario only: as it is
+
+
+def test_the_pages_tag_a_job_with_the_label_its_scenario_declares(signed_in: Client) -> None:
+    done = {"status": "succeeded", "invariant_ok": True, "summary": {}}
+    race = Job.objects.create(scenario="counter", params={"strategy": "occ", "writers": 2}, **done)
+    controllers = Job.objects.create(
+        scenario="controllers", params={"strategy": "none", "controllers": 2, "rate_per_s": 50, "seconds": 1}, **done
+    )
+    quota = Job.objects.create(scenario="quota", params={"pods": 2, "workers": 2}, **done)
+    for job, tag in ((race, "occ"), (controllers, "none")):
+        assert f'<span class="tag">{tag}</span></h1>' in signed_in.get(f"/jobs/{job.pk}/").content.decode()
+        assert f'<span class="tag">{tag}</span></h1>' in signed_in.get(f"/jobs/{job.pk}/replay/").content.decode()
+    for url in (f"/jobs/{quota.pk}/", f"/jobs/{quota.pk}/replay/"):
+        assert 'class="tag"' not in signed_in.get(url).content.decode()  # a quota race declares no label
+    compare = signed_in.get(f"/jobs/compare/?id={race.pk}&id={controllers.pk}&id={quota.pk}")
+    labels = [series["label"] for series in compare.context["series"]["jobs"]]
+    assert labels == [f"#{race.pk} occ", f"#{controllers.pk} none", f"#{quota.pk} quota"]
+    html = compare.content.decode()
+    assert all(f'<span class="tag">{tag}</span></h2>' in html for tag in ("occ", "none", "quota"))
+    strategies = [signed_in.get(f"/jobs/{job.pk}/summary.json").json()["strategy"] for job in (race, quota)]
+    assert strategies == ["occ", None]

@@ -17,10 +17,16 @@ from occviz.jobs.registry import programs
 
 @admin.register(Job)
 class JobAdmin(admin.ModelAdmin):
-    list_display = ["id", "scenario", "strategy", "status", "invariant_ok", "created_by", "created_at", "last_seq"]
-    list_filter = ["scenario", "strategy", "status", "invariant_ok"]
-    search_fields = ["=id", "scenario", "strategy", "created_by__username"]
+    list_display = ["id", "scenario", "tag", "status", "invariant_ok", "created_by", "created_at", "last_seq"]
+    list_filter = ["scenario", "status", "invariant_ok"]
+    search_fields = ["=id", "scenario", "created_by__username"]
     readonly_fields = [field.name for field in Job._meta.fields]
+
+    @admin.display(description="tag")
+    def tag(self, job: Job) -> str:
+        """What its scenario calls it among its own jobs ("occ"), as the job pages' header shows it."""
+        found = programs().get(job.scenario)
+        return found.tag(job.params) if found else ""
 
 
 class EventPaginator(Paginator):

@@ -27,7 +27,6 @@ class Job(models.Model):
     FINISHED = (Status.SUCCEEDED, Status.FAILED, Status.CANCELLED)
 
     scenario = models.CharField(max_length=32)
-    strategy = models.CharField(max_length=32, blank=True)
     params = models.JSONField(default=dict)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
     cancel_requested = models.BooleanField(default=False)
@@ -55,7 +54,7 @@ class Job(models.Model):
         indexes = [models.Index(fields=["status"], name="job_status")]
 
     def __str__(self) -> str:
-        return f"job {self.pk} ({self.scenario}, {self.strategy or '-'}, {self.status})"
+        return f"job {self.pk} ({self.scenario}, {self.status})"
 
     @property
     def is_finished(self) -> bool:

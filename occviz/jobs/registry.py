@@ -5,7 +5,8 @@ programs (`occviz.scenarios`, when the app loads), the live stream registers its
 publisher as an observer (`occviz.live`), and a test can register a program of its
 own. Everything the runner needs of a program is `clean()` and `run()`, and what it shows
 after each stored batch (`figures`, `read_state()`: stored as the batch's snapshot); a
-launch also asks it for `connections()`, and the admin lists events by the `kinds` programs declare.
+launch also asks it for `connections()`, and the admin lists events by the `kinds` programs declare
+and jobs with their `tag()`.
 """
 
 from __future__ import annotations
@@ -65,6 +66,10 @@ class JobProgram(Protocol):
 
     def read_state(self, job_id: int, params: Mapping[str, Any]) -> State:
         """Its job's contended objects as they are now: called in the runner's process after each stored batch."""
+        ...
+
+    def tag(self, params: Mapping[str, Any]) -> str:
+        """A short label telling a job with these parameters apart from others of its kind ("occ"), or ""."""
         ...
 
 

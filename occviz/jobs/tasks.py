@@ -108,9 +108,7 @@ def create_job(scenario: str, data: dict[str, Any], user: Any = None) -> Job:
     params = program(scenario).clean(data)
     with transaction.atomic():
         _admit(scenario, params, user)
-        return Job.objects.create(
-            scenario=scenario, strategy=params.get("strategy", ""), params=params, created_by=user
-        )
+        return Job.objects.create(scenario=scenario, params=params, created_by=user)
 
 
 def launch(scenario: str, data: dict[str, Any], user: Any = None) -> Job:

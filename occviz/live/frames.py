@@ -47,7 +47,6 @@ class JobInfo:
 
     id: int
     scenario: str
-    strategy: str
     params: dict[str, Any]
 
     @property

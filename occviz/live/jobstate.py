@@ -35,7 +35,6 @@ class JobState:
             "job": {
                 "id": self.info.id,
                 "scenario": self.info.scenario,
-                "strategy": self.info.strategy,
                 "status": self.status,
                 "params": self.info.params,
                 "last_seq": self.last_seq,
@@ -50,7 +49,6 @@ class JobState:
         return {
             "id": self.info.id,
             "scenario": self.info.scenario,
-            "strategy": self.info.strategy,
             "status": self.status,
             "finished": self.finished,
             "summary": self.summary,
@@ -66,7 +64,7 @@ class JobState:
 def read_job_state(job_id: int) -> JobState | None:
     job = (
         Job.objects.filter(pk=job_id)
-        .only("scenario", "strategy", "params", "status", "last_seq", "summary", "invariant_ok", "error")
+        .only("scenario", "params", "status", "last_seq", "summary", "invariant_ok", "error")
         .first()
     )
     return None if job is None else job_state(job)
@@ -74,7 +72,7 @@ def read_job_state(job_id: int) -> JobState | None:
 
 def job_state(job: Job) -> JobState:
     return JobState(
-        info=JobInfo(id=job.pk, scenario=job.scenario, strategy=job.strategy, params=dict(job.params)),
+        info=JobInfo(id=job.pk, scenario=job.scenario, params=dict(job.params)),
         status=job.status,
         last_seq=job.last_seq,
         summary=job.summary,

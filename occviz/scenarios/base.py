@@ -253,6 +253,10 @@ class Scenario:
         """One line saying what a job with these parameters does (headers, job lists)."""
         return ", ".join(f"{key} {value}" for key, value in params.items() if value not in (None, ""))
 
+    def tag(self, params: Mapping[str, Any]) -> str:
+        """A short label telling this job apart from others of its scenario ("occ"), or "": the pages' tag."""
+        return ""
+
     def kind(self, name: str) -> EventKind | None:
         return self._kinds.get(name)
 

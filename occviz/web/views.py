@@ -68,13 +68,21 @@ def _spec(job: Job) -> Scenario | None:
     return SCENARIOS.get(job.scenario)
 
 
+def _tag(job: Job) -> str:
+    """Its scenario's short label for it ("occ"), or "": the tag beside its title."""
+    spec = _spec(job)
+    return spec.tag(job.params) if spec else ""
+
+
 def _with_setup(jobs: Any) -> list[Job]:
-    """The jobs, each with `setup` (one line from its scenario saying what it does) and `alarms`
-    (its alarming figures above zero, "3 lost updates", shown in red beside the verdict)."""
+    """The jobs, each with `setup` (one line from its scenario saying what it does), `tag` (its
+    scenario's short label for it, "occ") and `alarms` (its alarming figures above zero, "3 lost
+    updates", shown in red beside the verdict)."""
     listed = list(jobs)
     for job in listed:
         spec = _spec(job)
-        job.setup = spec.setup(job.params) if spec else job.strategy
+        job.setup = spec.setup(job.params) if spec else ""
+        job.tag = _tag(job)
         job.alarms = spec.alarms(job.summary) if spec else []
     return listed
 
@@ -172,6 +180,7 @@ def _job_context(request: HttpRequest, job: Job, control_note: str = "") -> dict
         "job": job,
         "spec": spec,
         "setup": spec.setup(job.params) if spec else "",
+        "tag": _tag(job),
         "vocabulary": spec.vocabulary(job.params) if spec else None,
         "may_control": job.may_be_controlled_by(request.user),
         "params": sorted(job.params.items()),
@@ -328,7 +337,7 @@ def job_summary(request: HttpRequest, job_id: int) -> HttpResponse:
         {
             "id": job.pk,
             "scenario": job.scenario,
-            "strategy": job.strategy,
+            "strategy": job.params.get("strategy"),
             "status": job.status,
             "params": job.params,
             "created_at": job.created_at.isoformat(),
@@ -441,7 +450,7 @@ def job_compare(request: HttpRequest) -> HttpResponse:
     series = [
         {
             "id": job.pk,
-            "label": f"#{job.pk} {job.strategy or job.scenario}",
+            "label": f"#{job.pk} {_tag(job) or job.scenario}",
             "scenario": job.scenario,
             "vocabulary": spec.vocabulary(job.params) if (spec := specs[job.pk]) else None,
             "rates": rates,

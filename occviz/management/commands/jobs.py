@@ -112,7 +112,7 @@ class Command(BaseCommand):
         return {
             "id": job.pk,
             "scenario": job.scenario,
-            "strategy": job.strategy,
+            "strategy": job.params.get("strategy"),
             "status": job.status,
             "cancel_requested": job.cancel_requested,
             "runner": job.runner or None,

@@ -236,6 +236,9 @@ class Controllers(Scenario):
     def actor_name(self, number: int) -> str:
         return controller_name(number)
 
+    def tag(self, params: Mapping[str, Any]) -> str:
+        return str(params.get("strategy") or "")
+
     def setup(self, params: Mapping[str, Any]) -> str:
         line = (
             f"{params.get('strategy')}, {params.get('controllers')} controllers at {params.get('rate_per_s'):g}/s "

@@ -291,6 +291,9 @@ class CounterRace(Scenario):
     def connections(self, params: Mapping[str, Any]) -> int:
         return int(params["writers"])  # each writer has its own session
 
+    def tag(self, params: Mapping[str, Any]) -> str:
+        return str(params.get("strategy") or "")
+
     def setup(self, params: Mapping[str, Any]) -> str:
         amount = f"{params.get('seconds')} s" if params.get("seconds") else f"{params.get('increments')} increments"
         rows = int(params.get("rows") or 1)
