@@ -45,7 +45,7 @@ class Job(models.Model):
         max_length=128, blank=True, help_text="The process running it (serve's worker, runjob), while it runs."
     )
     heartbeat_at = models.DateTimeField(
-        null=True, blank=True, help_text="Renewed every second by the process running it: its lease on itself."
+        null=True, blank=True, help_text="Renewed every second by the process running it: its heartbeat."
     )
     events_pruned_at = models.DateTimeField(null=True, blank=True, help_text="When its events were deleted.")
 
