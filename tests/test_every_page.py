@@ -1,6 +1,7 @@
 """Every page of a finished and of a running job of every scenario answers, without a server error.
 
-The jobs run for real in this process (the running ones in threads, cancelled at the end);
+The jobs run for real (the finished ones in this process, the running ones in `runjob` child
+processes on the test database, cancelled at the end);
 each page of each is opened through Django's test client. `PAGES` is the list of a job's
 pages: a new one is one line there. The browser half (what the scripts render) is
 tests/browser/test_every_page_browser.py, over the same jobs and pages.
@@ -8,7 +9,9 @@ tests/browser/test_every_page_browser.py, over the same jobs and pages.
 
 from __future__ import annotations
 
-import threading
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -16,7 +19,6 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
-from django.db import connections
 from django.http import StreamingHttpResponse
 from django.test import Client, override_settings
 
@@ -25,6 +27,8 @@ from occviz.jobs.runner import run_job
 from occviz.jobs.tasks import create_job
 from occviz.scenarios import SCENARIOS
 from occviz.store.kinds import KINDS
+from tests.conftest import ROOT
+from tests.servers import child_database_url
 
 # Small jobs: a finished one ends in about a second; a running one runs until it is cancelled.
 FINISHED: dict[str, dict[str, Any]] = {
@@ -91,11 +95,17 @@ def watch_urls(job: Job) -> list[str]:
     return urls
 
 
-def _run_in_thread(job_id: int) -> None:
-    try:
-        run_job(job_id)
-    finally:
-        connections.close_all()
+def _runjob(scenario: str, params: dict[str, Any]) -> subprocess.Popen[bytes]:
+    """`manage.py runjob` of the scenario in a child process on the test database: no thread of this
+    process runs it while the tests change settings around it."""
+    flags = [word for name, value in params.items() for word in (f"--{name.replace('_', '-')}", str(value))]
+    return subprocess.Popen(
+        [sys.executable, str(ROOT / "manage.py"), "runjob", scenario, *flags],
+        cwd=ROOT,
+        env={**os.environ, "DATABASE_URL": child_database_url()},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 @dataclass
@@ -103,7 +113,7 @@ class JobSet:
     """A finished and a running job of every scenario."""
 
     jobs: dict[tuple[str, str], Job] = field(default_factory=dict)
-    threads: list[threading.Thread] = field(default_factory=list)
+    runners: list[subprocess.Popen[bytes]] = field(default_factory=list)
     viewer: User | None = None
 
     @classmethod
@@ -112,21 +122,24 @@ class JobSet:
         for scenario in SCENARIOS:
             made.jobs[scenario, "finished"] = run_job(create_job(scenario, FINISHED[scenario], user).pk)
             assert made.jobs[scenario, "finished"].status == "succeeded", made.jobs[scenario, "finished"].error
-        for scenario in SCENARIOS:
-            job = create_job(scenario, RUNNING[scenario], user)
-            made.jobs[scenario, "running"] = job
-            made.threads.append(threading.Thread(target=_run_in_thread, args=(job.pk,), daemon=True))
-            made.threads[-1].start()
-        made.wait_until_running()
+        finished = [job.pk for job in made.jobs.values()]
+        made.runners = [_runjob(scenario, RUNNING[scenario]) for scenario in SCENARIOS]
+        made.wait_until_running(finished)
         return made
 
-    def wait_until_running(self, timeout: float = 30.0) -> None:
-        """Until every running job has stored events (its objects are made by then)."""
-        ids = [job.pk for (_, state), job in self.jobs.items() if state == "running"]
+    def wait_until_running(self, finished: list[int], timeout: float = 60.0) -> None:
+        """Until every runjob's job has stored events (its objects are made by then)."""
         deadline = time.monotonic() + timeout
-        while Job.objects.filter(pk__in=ids, status="running", last_seq__gt=0).count() < len(ids):
-            assert time.monotonic() < deadline, "the running jobs did not start"
+        while True:
+            running = Job.objects.filter(status="running", last_seq__gt=0).exclude(pk__in=finished)
+            found = {job.scenario: job for job in running}
+            if len(found) == len(SCENARIOS):
+                break
+            assert all(runner.poll() is None for runner in self.runners), "a runjob ended before its job ran"
+            assert time.monotonic() < deadline, f"the running jobs did not start (running: {sorted(found)})"
             time.sleep(0.05)
+        for scenario, job in found.items():
+            self.jobs[scenario, "running"] = job
 
     def subject(self, scenario: str, state: str) -> Subject:
         names = list(SCENARIOS)
@@ -139,9 +152,12 @@ class JobSet:
         for (_, state), job in self.jobs.items():
             if state == "running":
                 Job.objects.get(pk=job.pk).request_cancel()
-        for thread in self.threads:
-            thread.join(timeout=30)
-        assert not any(thread.is_alive() for thread in self.threads), "a cancelled job kept running"
+        for runner in self.runners:
+            try:
+                runner.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                runner.kill()
+                raise AssertionError("a cancelled job kept running") from None
         for (scenario, state), job in self.jobs.items():
             if state == "running":
                 job.refresh_from_db()
