@@ -30,14 +30,14 @@ from tests.api.test_resources import url
 
 pytestmark = pytest.mark.slow
 
-# Four writers with 20 ms of think time for 12 s: the row moves every few milliseconds, so most
+# Four writers with 50 ms of think time for 12 s: the row moves every 10-20 milliseconds, so most
 # of the client's GET-then-PUT round trips (about 25 ms here) meet a 409. The client stops by
 # API_SECONDS, well before the job ends, so each of its writes is one the job follows.
 JOB_PARAMS: dict[str, Any] = {
     "strategy": "occ",
     "writers": 4,
     "seconds": 12,
-    "think_ms": 20,
+    "think_ms": 50,
     "retry": "immediate",
     "max_attempts": 1000,
 }
