@@ -237,7 +237,6 @@
     let now = 0;
     let playing = false;
     let last = null;
-    let fullRates = null;
     let yMax = 0;
 
     const moveTo = (t) => {
@@ -291,18 +290,8 @@
     play.addEventListener("click", () => setPlaying(!playing));
     scrub.addEventListener("input", () => moveTo(Number(scrub.value)));
 
-    const collected = [];
-    O.loadEvents(page.dataset.eventsUrl, 0, (p) => {
-      collected.push(...p.events);
-      loadNote.textContent = `Loading the stored events… ${collected.length}`;
-    }).then(() => {
-      all = collected.sort((a, b) => a.t_ms - b.t_ms || a.seq - b.seq);
-      // Whole milliseconds: a slider's value may not round-trip a float exactly, and the end must show every event.
-      duration = all.length ? Math.ceil(all[all.length - 1].t_ms) : 0;
-      const whole = modelFor();
-      whole.add(collected.slice().sort((a, b) => a.seq - b.seq));
-      fullRates = whole.series(duration);
-      yMax = O.RateChart.maxRate(fullRates);
+    loadRun(page, loadNote).then((run) => {
+      ({ all, duration, yMax } = run);
       scrub.max = String(duration);
       scrub.disabled = false;
       play.disabled = false;
@@ -312,6 +301,21 @@
     }, (error) => {
       loadNote.textContent = "Could not load the events: " + error.message;
     });
+  }
+
+  /** A job's stored events in time order, the run's length, and the scale its whole rate chart needs. */
+  async function loadRun(page, loadNote) {
+    const collected = [];
+    await O.loadEvents(page.dataset.eventsUrl, 0, (p) => {
+      collected.push(...p.events);
+      loadNote.textContent = `Loading the stored events… ${collected.length}`;
+    });
+    const whole = modelFor();
+    whole.add(collected.slice().sort((a, b) => a.seq - b.seq));
+    const all = collected.sort((a, b) => a.t_ms - b.t_ms || a.seq - b.seq);
+    // Whole milliseconds: a slider's value may not round-trip a float exactly, and the end must show every event.
+    const duration = all.length ? Math.ceil(all[all.length - 1].t_ms) : 0;
+    return { all, duration, yMax: O.RateChart.maxRate(whole.series(duration)) };
   }
 
   function comparePage(container) {
