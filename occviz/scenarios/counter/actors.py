@@ -63,6 +63,47 @@ def _committed(writer: CounterWriter, row: int, op: int, attempt: int, started: 
     return True
 
 
+def _think_then_swap(writer: CounterWriter, row: int, value: int, version: int) -> tuple[int, float] | None:
+    """In the caller's transaction: think, then compare-and-swap value + 1 at the version read.
+
+    (the version written, when the swap began), or None when the job stopped during the think
+    time; zero rows is a conflict, raised to be retried.
+    """
+    if not writer.pause(writer.think_ms):
+        return None
+    t = time.perf_counter()
+    result = _CHECKED.run(row, version, (value + 1,), cursor=writer.cursor)
+    if result is None:
+        raise Retryable("conflict", version_read=version, value_read=value, detail=writer.named(row))
+    return result[0], t
+
+
+def _incremented(
+    writer: CounterWriter,
+    row: int,
+    op: int,
+    attempt: int,
+    started: float,
+    value: int,
+    version: int,
+    written: int,
+    t: float,
+) -> bool:
+    """A read-modify-write increment committed: its duration runs from the swap to now (the commit included)."""
+    return _committed(
+        writer,
+        row,
+        op,
+        attempt,
+        started,
+        version_read=version,
+        version_written=written,
+        value_read=value,
+        value_written=value + 1,
+        duration_ms=(time.perf_counter() - t) * 1000.0,
+    )
+
+
 def none(writer: CounterWriter, row: int, op: int) -> bool:
     started = time.perf_counter()
     value, version, _ = _read(writer, row, op, 1)
@@ -134,24 +175,11 @@ def pessimistic(writer: CounterWriter, row: int, op: int) -> bool:
             value, version, waited_ms = _read(writer, row, op, attempt, clause)
             if waited_ms >= LOCK_WAIT_THRESHOLD_MS:
                 writer.record(op, attempt, "lock_wait", row, duration_ms=waited_ms, detail={"lock": clause.strip()})
-            if not writer.pause(writer.think_ms):
+            # Zero rows cannot happen under FOR UPDATE; FOR SHARE deadlocks before it gets here.
+            swapped = _think_then_swap(writer, row, value, version)
+            if swapped is None:
                 return False
-            t = time.perf_counter()
-            result = _CHECKED.run(row, version, (value + 1,), cursor=writer.cursor)
-            if result is None:  # cannot happen under FOR UPDATE; FOR SHARE deadlocks before it gets here
-                raise Retryable("conflict", version_read=version, value_read=value, detail=writer.named(row))
-        return _committed(
-            writer,
-            row,
-            op,
-            attempt,
-            started,
-            version_read=version,
-            version_written=result[0],
-            value_read=value,
-            value_written=value + 1,
-            duration_ms=(time.perf_counter() - t) * 1000.0,
-        )
+        return _incremented(writer, row, op, attempt, started, value, version, *swapped)
 
     return with_retries(writer, row, op, attempt_once)
 
@@ -162,25 +190,11 @@ def serializable(writer: CounterWriter, row: int, op: int) -> bool:
     def attempt_once(attempt: int, started: float) -> bool:
         with writer.cursor.transaction(level):
             value, version, _ = _read(writer, row, op, attempt)
-            if not writer.pause(writer.think_ms):
+            swapped = _think_then_swap(writer, row, value, version)
+            if swapped is None:
                 return False
-            t = time.perf_counter()
-            result = _CHECKED.run(row, version, (value + 1,), cursor=writer.cursor)
-            if result is None:
-                raise Retryable("conflict", version_read=version, value_read=value, detail=writer.named(row))
         # The commit itself can fail with 40001: only after it is this increment committed.
-        return _committed(
-            writer,
-            row,
-            op,
-            attempt,
-            started,
-            version_read=version,
-            version_written=result[0],
-            value_read=value,
-            value_written=value + 1,
-            duration_ms=(time.perf_counter() - t) * 1000.0,
-        )
+        return _incremented(writer, row, op, attempt, started, value, version, *swapped)
 
     return with_retries(writer, row, op, attempt_once)
 
