@@ -30,14 +30,15 @@ from tests.api.test_resources import url
 
 pytestmark = pytest.mark.slow
 
-# Four writers with 50 ms of think time for 12 s: the row moves every 10-20 milliseconds, so most
-# of the client's GET-then-PUT round trips (about 25 ms here) meet a 409. The client stops by
+# Four writers with 100 ms of think time for 12 s: the row moves every 20-30 milliseconds, so many
+# of the client's GET-then-PUT round trips (about 25 ms here) meet a 409, and its first PUT waits
+# for the row to move, so at least one does. The client stops by
 # API_SECONDS, well before the job ends, so each of its writes is one the job follows.
 JOB_PARAMS: dict[str, Any] = {
     "strategy": "occ",
     "writers": 4,
     "seconds": 12,
-    "think_ms": 50,
+    "think_ms": 100,
     "retry": "immediate",
     "max_attempts": 1000,
 }
@@ -88,6 +89,10 @@ class ApiIncrementer(threading.Thread):
         assert got.status_code == 200, got.text
         counter = got.json()
         counter["spec"]["value"] += 1  # metadata.resourceVersion stays the one read
+        if not self.conflicts:
+            # The race made to happen, not hoped for: until a 409 was met, the client PUTs only once
+            # a job's writer has moved the row past the version it read.
+            self._wait_until_moved(counter["metadata"]["resourceVersion"])
         put = self.api.put(url(self.api, self.path), json=counter)
         if put.status_code == 200:
             self.committed += 1
@@ -95,6 +100,13 @@ class ApiIncrementer(threading.Thread):
         assert put.status_code == 409, put.text
         assert put.json() == _conflict_status(self.name)
         self.conflicts += 1
+
+    def _wait_until_moved(self, version: str) -> None:
+        while time.monotonic() < self.deadline:
+            now = self.api.get(url(self.api, self.path)).json()["metadata"]["resourceVersion"]
+            if now != version:
+                return
+            time.sleep(0.005)
 
 
 def _wait(condition: Any, timeout: float, what: str) -> Any:
