@@ -89,7 +89,7 @@ def _not_allowed(path: str, allowed: list[str]) -> View:
 def _route(
     path: str, views: dict[str, View], names: str, response: Any = None, extra: dict[str, dict[str, Any]] | None = None
 ) -> None:
-    """Register `views` by method on `path`, and a 405 Status for every other method."""
+    """Register `views` by method on `path`, and a 405 Status for every other method (HEAD and OPTIONS too)."""
     for method, view in views.items():
         api.default_router.add_api_operation(
             path,
@@ -99,7 +99,7 @@ def _route(
             operation_id=f"{method.lower()}_{names}",
             openapi_extra=(extra or {}).get(method),
         )
-    others = [m for m in ("GET", "POST", "PUT", "PATCH", "DELETE") if m not in views]
+    others = [m for m in ("GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS") if m not in views]
     if others:
         api.default_router.add_api_operation(path, others, _not_allowed(path, list(views)), include_in_schema=False)
 
@@ -241,7 +241,7 @@ def _get_job(request: HttpRequest, namespace: str, name: str) -> HttpResponse:
 
 
 def _cancel_job(request: HttpRequest, namespace: str, name: str) -> HttpResponse:
-    return jobs.cancel(caller(request), namespace, name)
+    return jobs.cancel(request, caller(request), namespace, name)
 
 
 def _job_events(request: HttpRequest, namespace: str, name: str) -> HttpResponse:

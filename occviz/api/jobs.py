@@ -17,7 +17,7 @@ from django.http import HttpRequest, HttpResponse
 from occviz.api import schemas
 from occviz.api.auth import Caller
 from occviz.api.kinds import FieldInvalid, rfc3339
-from occviz.api.resources import invalid_error, json_body, no_nul, validated
+from occviz.api.resources import dry_run, invalid_error, json_body, no_nul, validated, writing
 from occviz.api.status import ApiError, json_response, resource_details
 from occviz.jobs import events
 from occviz.jobs.models import Job
@@ -98,6 +98,7 @@ def _form_value(value: Any) -> Any:
 
 
 def create(request: HttpRequest, caller: Caller, namespace: str) -> HttpResponse:
+    dry = dry_run(request, "CreateOptions")
     data = json_body(request, "Job")
     body = validated(schemas.Job, data, None, "")
     try:
@@ -118,7 +119,10 @@ def create(request: HttpRequest, caller: Caller, namespace: str) -> HttpResponse
     if problems:
         raise invalid_error(None, "Job", "", problems)
     try:
-        job = launch(body.spec.scenario, form, caller.user)
+        with writing(dry):  # a dry run is launched, admitted and then taken back: no job, no task
+            job = launch(body.spec.scenario, form, caller.user)
+            job.refresh_from_db()
+            launched = job_json(job)
     except LookupError as error:
         raise invalid_error(None, "Job", "", [FieldInvalid("spec.scenario", body.spec.scenario, str(error))]) from None
     except LaunchRefused as refused:
@@ -133,18 +137,20 @@ def create(request: HttpRequest, caller: Caller, namespace: str) -> HttpResponse
             for field, messages in error.errors.items()
         ]
         raise invalid_error(None, "Job", "", fields) from None
-    job.refresh_from_db()
-    return json_response(job_json(job), status=201)
+    return json_response(launched, status=201)
 
 
-def cancel(caller: Caller, namespace: str, name: str) -> HttpResponse:
+def cancel(request: HttpRequest, caller: Caller, namespace: str, name: str) -> HttpResponse:
+    dry = dry_run(request, "DeleteOptions")
     job = load(namespace, name)
     if not job.may_be_controlled_by(caller.user):
         raise ApiError(403, f'jobs.{GROUP} "{name}" is forbidden: only whoever launched it, or staff, may cancel it')
-    if not job.is_finished:
-        job.request_cancel()
-    job.refresh_from_db()
-    return json_response(job_json(job))
+    with writing(dry):
+        if not job.is_finished:
+            job.request_cancel()
+        job.refresh_from_db()
+        cancelled = job_json(job)
+    return json_response(cancelled)
 
 
 def _whole(request: HttpRequest, name: str, default: int, high: int) -> int:

@@ -5,14 +5,21 @@ with a resourceVersion is a checked write (a stale one is 409, or 412 for If-Mat
 is logged as a conflict), one without is an unconditional (blind) write. A merge patch
 without a version is applied to the object as it is now and written checked against the
 version it was applied to, again on a conflict, as the API server does.
+
+`?dryRun=All` (or a DeleteOptions' `dryRun: ["All"]`) runs each verb whole, checks and
+quota admission included, inside `writes.dry_run()`, which takes it all back: the answer is
+what would have been stored, with the version the object still has (none for a create).
 """
 
 from __future__ import annotations
 
+import itertools
 import json
+import re
 import secrets
 import string
 from collections.abc import Mapping
+from contextlib import AbstractContextManager, nullcontext
 from datetime import UTC, datetime
 from typing import Any
 
@@ -31,6 +38,14 @@ from occviz.store.models import VersionConflict, VersionedObject
 JSON = "application/json"
 MERGE_PATCHES = ("application/merge-patch+json", "application/strategic-merge-patch+json")
 PATCH_RETRIES = 5
+MAX_DEPTH = 100
+"""How deep a body may nest objects and arrays: far beyond any object's, well within what parses without recursing."""
+UINT64_MAX = 2**64 - 1
+"""The API server reads a resourceVersion as an unsigned 64-bit number."""
+DRY_RUN_ALL = "All"
+# A JSON string (its escapes included), and what is left of a body once they are gone that is not a bracket.
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 # pydantic error types that say a value has the wrong type, not a value out of range: 400, not 422.
 _UNION_BRANCHES = {"constrained-int", "constrained-str", "int", "str"}
 
@@ -59,12 +74,54 @@ def json_body(request: HttpRequest, kind_name: str, accepted: tuple[str, ...] = 
             f"accepted media types include: {', '.join(accepted)}",
         )
     raw = _body_bytes(request)
+    if _nesting(raw) > MAX_DEPTH:
+        raise ApiError(
+            400,
+            f'{kind_name} in version "v1" cannot be handled as a {kind_name}: invalid JSON: exceeded max depth '
+            f"(objects and arrays nested more than {MAX_DEPTH} deep)",
+        )
     try:
         return json.loads(raw)
     except (ValueError, RecursionError) as error:
         raise ApiError(
             400, f'{kind_name} in version "v1" cannot be handled as a {kind_name}: invalid JSON: {error}'
         ) from None
+
+
+def _nesting(raw: bytes) -> int:
+    """How deep `raw` nests objects and arrays, counted in one pass over its brackets outside strings.
+
+    Without recursion, before anything that recurses (json.loads, the merge, pydantic) sees the body.
+    """
+    brackets = _JSON_STRING.sub(b"", raw).translate(None, _NOT_BRACKETS)
+    return max(itertools.accumulate(1 if byte in b"[{" else -1 for byte in brackets), default=0)
+
+
+def dry_run(request: HttpRequest, options_kind: str, in_body: list[str] | None = None) -> bool:
+    """Whether the request asks for a dry run: `?dryRun=All` (or `in_body`, a DeleteOptions' dryRun).
+
+    Any other value is refused as the API server refuses it: 422, the options (`options_kind`) invalid.
+    """
+    values = request.GET.getlist("dryRun") + list(in_body or [])
+    unsupported = [value for value in values if value != DRY_RUN_ALL]
+    if unsupported:
+        listed = ", ".join(json.dumps(value) for value in values)
+        message = f'Unsupported value: []string{{{listed}}}: supported values: "{DRY_RUN_ALL}"'
+        raise ApiError(
+            422,
+            f'{options_kind}.meta.k8s.io "" is invalid: dryRun: {message}',
+            details={
+                "group": "meta.k8s.io",
+                "kind": options_kind,
+                "causes": [{"reason": "FieldValueNotSupported", "message": message, "field": "dryRun"}],
+            },
+        )
+    return bool(values)
+
+
+def writing(dry: bool) -> AbstractContextManager[None]:
+    """Where a verb writes: in `writes.dry_run()` for a dry run, which takes every write back."""
+    return writes.dry_run() if dry else nullcontext()
 
 
 def _path(loc: tuple[int | str, ...]) -> str:
@@ -120,8 +177,13 @@ def invalid_error(kind: Kind | None, kind_name: str, name: str, problems: list[F
 
 
 def _version(text: str, source: str) -> int:
-    if not (text.isascii() and text.isdigit()) or len(text) > 19:
-        raise ApiError(400, f'{source}: Invalid value: "{text}": must be a resourceVersion (a decimal number)')
+    """A resourceVersion as the API server reads one, an unsigned 64-bit number (past the store's range is stale)."""
+    if not (text.isascii() and text.isdigit()) or len(text) > len(str(UINT64_MAX)) or int(text) > UINT64_MAX:
+        raise ApiError(
+            400,
+            f'{source}: Invalid value: "{text[:40]}": '
+            f"must be a resourceVersion (a decimal number from 0 to {UINT64_MAX})",
+        )
     return int(text)
 
 
@@ -310,7 +372,21 @@ def _refused(kind: Kind, error: VersionConflict, name: str, by_if_match: bool) -
     return conflict(kind, error, name)
 
 
+def _answer(kind: Kind, obj: VersionedObject, dry: bool, version_now: int | None, status: int = 200) -> HttpResponse:
+    """The object as written. A dry run's, as the API server answers one: with the version the object
+    still has (`version_now`), none for an object it did not create."""
+    if not dry:
+        return object_response(kind, obj, status)
+    body = kind.to_json(obj)
+    if version_now is None:
+        del body["metadata"]["resourceVersion"]
+        return json_response(body, status=status)
+    body["metadata"]["resourceVersion"] = str(version_now)
+    return json_response(body, status=status, etag=str(version_now))
+
+
 def create(request: HttpRequest, caller: Caller, kind: Kind, namespace: str) -> HttpResponse:
+    dry = dry_run(request, "CreateOptions")
     data = json_body(request, kind.kind)
     body, name = _parse_object(kind, data, namespace, None)
     problems = []
@@ -324,11 +400,11 @@ def create(request: HttpRequest, caller: Caller, kind: Kind, namespace: str) -> 
     if kind.model._default_manager.filter(namespace=namespace, name=name).exists():
         raise _already_exists(kind, writes.AlreadyExists(kind.model, name))  # before admission charges anything
     try:
-        with kind.admitted(namespace, name, fields, caller.writer):
+        with writing(dry), kind.admitted(namespace, name, fields, caller.writer):
             obj = writes.create(kind.model, {"namespace": namespace, "name": name, **fields}, caller.writer)
     except writes.AlreadyExists as error:
         raise _already_exists(kind, error) from None
-    return object_response(kind, obj, status=201)
+    return _answer(kind, obj, dry, None, status=201)
 
 
 def _already_exists(kind: Kind, error: writes.AlreadyExists) -> ApiError:
@@ -338,29 +414,20 @@ def _already_exists(kind: Kind, error: writes.AlreadyExists) -> ApiError:
 
 
 def replace(request: HttpRequest, caller: Caller, kind: Kind, namespace: str, name: str) -> HttpResponse:
+    dry = dry_run(request, "UpdateOptions")
     data = json_body(request, kind.kind)
     body, _ = _parse_object(kind, data, namespace, name)
     current = load(kind, namespace, name)
     fields = _store_fields(kind, body, current, name)
     expected, by_if_match = _expected(request, body.metadata.resourceVersion)
-    return _write(kind, caller, current, fields, expected, by_if_match)
-
-
-def _write(
-    kind: Kind,
-    caller: Caller,
-    current: VersionedObject,
-    fields: dict[str, Any],
-    expected: int | object,
-    by_if_match: bool,
-) -> HttpResponse:
     try:
-        written = writes.update(current, fields, caller.writer, expected_version=expected)
+        with writing(dry):
+            written = writes.update(current, fields, caller.writer, expected_version=expected)
     except VersionConflict as error:
         raise _refused(kind, error, current.name, by_if_match) from None
     except kind.model.DoesNotExist:
         raise not_found(kind, current.name) from None
-    return object_response(kind, written)
+    return _answer(kind, written, dry, current.resource_version)
 
 
 def merge(target: Any, patch: Any) -> Any:
@@ -377,6 +444,7 @@ def merge(target: Any, patch: Any) -> Any:
 
 
 def patch(request: HttpRequest, caller: Caller, kind: Kind, namespace: str, name: str) -> HttpResponse:
+    dry = dry_run(request, "PatchOptions")
     data = json_body(request, kind.kind, MERGE_PATCHES)
     if not isinstance(data, dict):
         raise ApiError(400, f"a merge patch of {kind.kind} must be a JSON object, not {type(data).__name__}")
@@ -396,14 +464,15 @@ def patch(request: HttpRequest, caller: Caller, kind: Kind, namespace: str, name
         fields = _store_fields(kind, body, current, name)
         checked_against = current.resource_version if expected is ANY else expected
         try:
-            written = writes.update(current, fields, caller.writer, expected_version=checked_against)
+            with writing(dry):
+                written = writes.update(current, fields, caller.writer, expected_version=checked_against)
         except VersionConflict as error:
             if expected is not ANY:
                 raise _refused(kind, error, name, by_if_match) from None
             continue  # applied to a version that moved on: apply it again to the new one
         except kind.model.DoesNotExist:
             raise not_found(kind, name) from None
-        return object_response(kind, written)
+        return _answer(kind, written, dry, current.resource_version)
     raise ApiError(
         409,
         f'{kind.model.qualified_resource()} "{name}" changed under each of {PATCH_RETRIES} attempts '
@@ -416,6 +485,7 @@ def delete(request: HttpRequest, caller: Caller, kind: Kind, namespace: str, nam
     options = schemas.DeleteOptions()
     if _body_bytes(request).strip():
         options = validated(schemas.DeleteOptions, json_body(request, "DeleteOptions"), None, name)
+    dry = dry_run(request, "DeleteOptions", options.dryRun)
     current = load(kind, namespace, name)
     preconditions = options.preconditions or schemas.Preconditions()
     if preconditions.uid is not None and preconditions.uid != current.uid:
@@ -426,7 +496,7 @@ def delete(request: HttpRequest, caller: Caller, kind: Kind, namespace: str, nam
         )
     expected, by_if_match = _expected(request, preconditions.resourceVersion)
     try:
-        with kind.released(current, caller.writer):
+        with writing(dry), kind.released(current, caller.writer):
             deleted = writes.delete(current, caller.writer, expected_version=expected)
     except VersionConflict as error:
         raise _refused(kind, error, name, by_if_match) from None

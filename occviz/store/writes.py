@@ -13,15 +13,21 @@ what was stored before and after it, and listeners hear of the writes to one obj
 the order they commit (in the write's transaction: a listener's failure undoes the write).
 A stale expected version writes nothing and raises VersionConflict once the refusal is
 logged and committed (unless the caller has a transaction of its own, which the raise
-rolls back with the log).
+rolls back with the log). A version beyond the bigint column's range is one no object can
+have: it is refused the same way, but not logged (the log's column could not hold it).
+
+`dry_run()` makes writes as they would be made (the version check, the row lock, the
+refusal) in a transaction it then rolls back, and tells no listener: the API's `dryRun=All`.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import IntegrityError, transaction
@@ -31,6 +37,9 @@ from occviz.store.models import Change, VersionConflict, VersionedObject
 
 # Not the object's own content: how the store keeps it.
 _BOOKKEEPING = {"id", "resource_version", "job", "created_at"}
+MAX_VERSION: Final = 2**63 - 1
+"""Versions are PostgreSQL bigints: no object has a version above this."""
+_dry_run: ContextVar[bool] = ContextVar("dry_run", default=False)
 
 
 @dataclass(frozen=True)
@@ -95,6 +104,24 @@ def add_listener(listener: WriteListener) -> None:
     """`listener(notice)` hears of every write and refusal, in its transaction, the object's row still locked."""
     if listener not in _listeners:
         _listeners.append(listener)
+
+
+@contextmanager
+def dry_run() -> Iterator[None]:
+    """Inside, writes are made (checked, locked, refused) and then rolled back, and no listener hears of them.
+
+    Everything inside runs in one transaction rolled back at the end, whether the block
+    ends or raises: no object, no version, no Change, no quota charge outlives it. The
+    listeners (a running job's lane) are not called at all, so nothing leaves the
+    transaction that the rollback could not take back.
+    """
+    held = _dry_run.set(True)
+    try:
+        with transaction.atomic():
+            yield
+            transaction.set_rollback(True)
+    finally:
+        _dry_run.reset(held)
 
 
 class AlreadyExists(Exception):
@@ -183,6 +210,10 @@ def _refuse(
     """Log a refused write (and announce it) while the row is still locked, so that the Changes
     of one object are numbered in the order they commit: a watcher reading past the newest
     one it saw misses none. The caller raises the conflict once its transaction has committed."""
+    conflict = VersionConflict(stored, expected_version)
+    conflict.stored = stored
+    if isinstance(expected_version, int) and not 0 <= expected_version <= MAX_VERSION:
+        return conflict  # no object ever had it; the log's bigint column could not hold it either
     change = _log(
         stored,
         Change.Type.CONFLICT,
@@ -193,8 +224,6 @@ def _refuse(
         stored=fields_of(stored),
     )
     _announce(stored, change, before=fields_of(stored))
-    conflict = VersionConflict(stored, expected_version)
-    conflict.stored = stored
     return conflict
 
 
@@ -225,7 +254,7 @@ def _log(
 
 
 def _announce(obj: VersionedObject, change: Change, *, before: dict[str, Any]) -> None:
-    if not _listeners:
+    if not _listeners or _dry_run.get():
         return
     notice = WriteNotice(
         change=change.pk,
