@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from django.core.asgi import get_asgi_application
+from occviz.web.bad_requests import get_asgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "occviz.settings")
 # Django must be set up before the consumers (and the models they import) are loaded.
