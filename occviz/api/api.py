@@ -31,6 +31,21 @@ api = NinjaAPI(
 )
 ERRORS = frozenset({400, 401, 403, 404, 405, 409, 412, 415, 422})
 View = Callable[..., HttpResponse]
+WRITES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+DRY_RUN = {
+    "name": "dryRun",
+    "in": "query",
+    "required": False,
+    "description": "All: make every check and answer what would be stored, storing nothing. No other value is allowed.",
+    "schema": {"type": "string"},
+}
+IF_MATCH = {
+    "name": "If-Match",
+    "in": "header",
+    "required": False,
+    "description": 'The object\'s resourceVersion, quoted as its ETag ("12"): 412 if the object is at another.',
+    "schema": {"type": "string"},
+}
 
 
 @api.exception_handler(ApiError)
@@ -86,6 +101,15 @@ def _not_allowed(path: str, allowed: list[str]) -> View:
     return views[tuple(sorted(re.findall(r"{(\w+)}", path)))]
 
 
+def _with_dry_run(method: str, extra: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A write's OpenAPI extras with the dryRun parameter every write takes."""
+    if method not in WRITES:
+        return extra
+    extra = dict(extra or {})
+    extra["parameters"] = [dict(DRY_RUN), *extra.get("parameters", [])]
+    return extra
+
+
 def _route(
     path: str, views: dict[str, View], names: str, response: Any = None, extra: dict[str, dict[str, Any]] | None = None
 ) -> None:
@@ -97,7 +121,7 @@ def _route(
             view,
             response={200: response, 201: response, ERRORS: schemas.Status} if response else {ERRORS: schemas.Status},
             operation_id=f"{method.lower()}_{names}",
-            openapi_extra=(extra or {}).get(method),
+            openapi_extra=_with_dry_run(method, (extra or {}).get(method)),
         )
     others = [m for m in ("GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS") if m not in views]
     if others:
@@ -144,13 +168,14 @@ def _kind_routes(kind: Kind) -> None:
         f"{names}_one",
         kind.schema,
         {
-            "PUT": _body(schema),
-            "PATCH": _body("", resources.MERGE_PATCHES),
+            "PUT": {**_body(schema), "parameters": [dict(IF_MATCH)]},
+            "PATCH": {**_body("", resources.MERGE_PATCHES), "parameters": [dict(IF_MATCH)]},
             "DELETE": {
                 "requestBody": {
                     "required": False,
                     "content": {"application/json": {"schema": {"$ref": "#/components/schemas/DeleteOptions"}}},
-                }
+                },
+                "parameters": [dict(IF_MATCH)],
             },
         },
     )
