@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,9 +18,14 @@ import requests
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from occviz.store.models import Change, Lease
+from occviz.store.models import Change, Deployment, Lease
+from tests.api import tls_fixtures
 from tests.api.conftest import LEASES, lease_body
+from tests.api.test_kubectl import Kubectl, kubectl
 from tests.api.test_resources import url
+
+start_tls_server, tls_server = tls_fixtures.start_tls_server, tls_fixtures.tls_server
+__all__ = ["kubectl", "start_tls_server", "tls_server"]  # fixtures, found by name
 
 BEYOND_BIGINT = "9999999999999999999"  # a uint64, as the API server reads versions; past PostgreSQL's bigint
 BEYOND_UINT64 = "99999999999999999999"
@@ -192,3 +198,22 @@ def test_no_header_value_makes_a_server_error(api: requests.Session, demo: dict[
         assert answer.status_code < 500, (method, path, headers, answer.text[:300])
 
     no_server_error()
+
+
+@pytest.mark.slow
+def test_kubectl_create_deployment_is_told_the_api_takes_json(kubectl: Kubectl, tmp_path: Path) -> None:
+    """kubectl sends protobuf for `create deployment` (and does not retry with JSON): a 415 naming JSON.
+    The same Deployment as a manifest goes as JSON, and is created."""
+    refused = kubectl.run("create", "deployment", "api", "--image=nginx", ok=False)
+    assert refused.returncode == 1
+    assert refused.stderr == (
+        "error: failed to create deployment: the body of the request was in an unknown format "
+        "(application/vnd.kubernetes.protobuf) - accepted media types include: application/json\n"
+    )
+    assert not Deployment.objects.filter(name="api").exists()
+    manifest = tmp_path / "deployment.yaml"
+    manifest.write_text(
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: api\n  namespace: default\nspec:\n  replicas: 2\n"
+    )
+    assert kubectl.run("create", "-f", str(manifest)).stdout == "deployment.apps/api created\n"
+    assert Deployment.objects.get(name="api").replicas == 2
