@@ -32,20 +32,19 @@ api = NinjaAPI(
 ERRORS = frozenset({400, 401, 403, 404, 405, 409, 412, 415, 422})
 View = Callable[..., HttpResponse]
 WRITES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
-DRY_RUN = {
-    "name": "dryRun",
-    "in": "query",
-    "required": False,
-    "description": "All: make every check and answer what would be stored, storing nothing. No other value is allowed.",
-    "schema": {"type": "string"},
-}
-IF_MATCH = {
-    "name": "If-Match",
-    "in": "header",
-    "required": False,
-    "description": 'The object\'s resourceVersion, quoted as its ETag ("12"): 412 if the object is at another.',
-    "schema": {"type": "string"},
-}
+
+
+def _optional(name: str, where: str, description: str) -> dict[str, Any]:
+    """An optional string parameter of an operation, as OpenAPI declares it."""
+    return {"name": name, "in": where, "required": False, "description": description, "schema": {"type": "string"}}
+
+
+DRY_RUN = _optional(
+    "dryRun", "query", "All: make every check and answer what would be stored, storing nothing; no other value."
+)
+IF_MATCH = _optional(
+    "If-Match", "header", 'The object\'s resourceVersion, quoted as its ETag ("12"): 412 if the object is at another.'
+)
 
 
 @api.exception_handler(ApiError)
