@@ -17,7 +17,7 @@ from django.http import HttpRequest, HttpResponse
 from occviz.api import schemas
 from occviz.api.auth import Caller
 from occviz.api.kinds import FieldInvalid, rfc3339
-from occviz.api.resources import dry_run, invalid_error, json_body, no_nul, validated, writing
+from occviz.api.resources import asks_dry_run, invalid_error, json_body, no_nul, validated, writing
 from occviz.api.status import ApiError, json_response, resource_details
 from occviz.jobs import events
 from occviz.jobs.models import Job
@@ -98,7 +98,7 @@ def _form_value(value: Any) -> Any:
 
 
 def create(request: HttpRequest, caller: Caller, namespace: str) -> HttpResponse:
-    dry = dry_run(request, "CreateOptions")
+    dry = asks_dry_run(request, "CreateOptions")
     data = json_body(request, "Job")
     body = validated(schemas.Job, data, None, "")
     try:
@@ -141,7 +141,7 @@ def create(request: HttpRequest, caller: Caller, namespace: str) -> HttpResponse
 
 
 def cancel(request: HttpRequest, caller: Caller, namespace: str, name: str) -> HttpResponse:
-    dry = dry_run(request, "DeleteOptions")
+    dry = asks_dry_run(request, "DeleteOptions")
     job = load(namespace, name)
     if not job.may_be_controlled_by(caller.user):
         raise ApiError(403, f'jobs.{GROUP} "{name}" is forbidden: only whoever launched it, or staff, may cancel it')

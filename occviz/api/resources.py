@@ -39,7 +39,7 @@ JSON = "application/json"
 MERGE_PATCHES = ("application/merge-patch+json", "application/strategic-merge-patch+json")
 PATCH_RETRIES = 5
 MAX_DEPTH = 100
-"""How deep a body may nest objects and arrays: far beyond any object's, well within what parses without recursing."""
+"""How deep a body may nest objects and arrays: far beyond any object's, well within what pydantic parses (200)."""
 UINT64_MAX = 2**64 - 1
 """The API server reads a resourceVersion as an unsigned 64-bit number."""
 DRY_RUN_ALL = "All"
@@ -97,7 +97,7 @@ def _nesting(raw: bytes) -> int:
     return max(itertools.accumulate(1 if byte in b"[{" else -1 for byte in brackets), default=0)
 
 
-def dry_run(request: HttpRequest, options_kind: str, in_body: list[str] | None = None) -> bool:
+def asks_dry_run(request: HttpRequest, options_kind: str, in_body: list[str] | None = None) -> bool:
     """Whether the request asks for a dry run: `?dryRun=All` (or `in_body`, a DeleteOptions' dryRun).
 
     Any other value is refused as the API server refuses it: 422, the options (`options_kind`) invalid.
@@ -386,7 +386,7 @@ def _answer(kind: Kind, obj: VersionedObject, dry: bool, version_now: int | None
 
 
 def create(request: HttpRequest, caller: Caller, kind: Kind, namespace: str) -> HttpResponse:
-    dry = dry_run(request, "CreateOptions")
+    dry = asks_dry_run(request, "CreateOptions")
     data = json_body(request, kind.kind)
     body, name = _parse_object(kind, data, namespace, None)
     problems = []
@@ -414,7 +414,7 @@ def _already_exists(kind: Kind, error: writes.AlreadyExists) -> ApiError:
 
 
 def replace(request: HttpRequest, caller: Caller, kind: Kind, namespace: str, name: str) -> HttpResponse:
-    dry = dry_run(request, "UpdateOptions")
+    dry = asks_dry_run(request, "UpdateOptions")
     data = json_body(request, kind.kind)
     body, _ = _parse_object(kind, data, namespace, name)
     current = load(kind, namespace, name)
@@ -444,7 +444,7 @@ def merge(target: Any, patch: Any) -> Any:
 
 
 def patch(request: HttpRequest, caller: Caller, kind: Kind, namespace: str, name: str) -> HttpResponse:
-    dry = dry_run(request, "PatchOptions")
+    dry = asks_dry_run(request, "PatchOptions")
     data = json_body(request, kind.kind, MERGE_PATCHES)
     if not isinstance(data, dict):
         raise ApiError(400, f"a merge patch of {kind.kind} must be a JSON object, not {type(data).__name__}")
@@ -485,7 +485,7 @@ def delete(request: HttpRequest, caller: Caller, kind: Kind, namespace: str, nam
     options = schemas.DeleteOptions()
     if _body_bytes(request).strip():
         options = validated(schemas.DeleteOptions, json_body(request, "DeleteOptions"), None, name)
-    dry = dry_run(request, "DeleteOptions", options.dryRun)
+    dry = asks_dry_run(request, "DeleteOptions", options.dryRun)
     current = load(kind, namespace, name)
     preconditions = options.preconditions or schemas.Preconditions()
     if preconditions.uid is not None and preconditions.uid != current.uid:
