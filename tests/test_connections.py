@@ -35,6 +35,7 @@ from django.db import connection
 from occviz.api.models import ApiToken
 from occviz.connections import LAYER_ALIAS, LAYER_LISTENER, WEB_LAYER_POOL, Reserve, process_kind
 from occviz.store.models import Lease
+from tests.conftest import manage
 from tests.servers import ROOT, free_port, stop, wait_for_port
 
 ROLE_LIMIT = 40
@@ -196,3 +197,21 @@ def test_each_process_names_its_connections_by_what_it_is() -> None:
     assert process_kind(["/venv/lib/python3.12/site-packages/pytest/__main__.py"]) == "pytest"
     assert process_kind(["/usr/bin/daphne", "occviz.asgi:application"]) == "daphne"
     assert process_kind([]) == "python"
+
+
+def test_a_reserve_too_small_for_the_web_server_is_refused_before_anything_starts() -> None:
+    # 8 workers: serve 3, the workers 8 x 3, the web server's channel layer 6, a command 3: 36 of 32.
+    served = manage("serve", "--workers", "8", "--port", str(free_port()), "--tls-port", "0", timeout=60)
+    assert served.returncode == 2, served.stderr
+    assert "OCCVIZ_RESERVED_CONNECTIONS=32 is too few for the web server and 8 worker(s)" in served.stderr
+    assert "leaving the web server's pool -4, under its minimum of 4. Reserve at least 40." in served.stderr
+    daphne = subprocess.run(
+        [sys.executable, "-m", "daphne", "-p", str(free_port()), "occviz.asgi:application"],
+        cwd=ROOT,
+        env={**os.environ, "OCCVIZ_RESERVED_CONNECTIONS": "10"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert daphne.returncode != 0
+    assert "OCCVIZ_RESERVED_CONNECTIONS=10 is too few for the web server and 2 worker(s)" in daphne.stderr

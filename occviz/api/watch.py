@@ -105,13 +105,13 @@ class SharedPoll:
         # A context of its own: the poll outlives the request that started it.
         self._task = asyncio.get_running_loop().create_task(self._run(), context=contextvars.Context())
 
-    async def next(self, after: int, timeout: float) -> bool:
-        """Wait for a poll after the `after`-th; False if `timeout` seconds passed first."""
+    async def next(self, after: int, deadline: float) -> bool:
+        """Wait for a poll after the `after`-th; False if the `deadline` (time.monotonic()) came first."""
         while self.polls <= after:
             if self.broken is not None:
                 raise RuntimeError(f"the watch's poll of {self.kind.kind} stopped") from self.broken
             try:
-                await asyncio.wait_for(self.finished.wait(), timeout)
+                await asyncio.wait_for(self.finished.wait(), deadline - time.monotonic())
             except TimeoutError:
                 return False
         return True
@@ -201,7 +201,7 @@ async def _lines(
     poll = _join(kind, queryset)
     try:
         # A poll that began after this watch did: nothing changed since the request that the watch would miss.
-        if not await poll.next(poll.polls + 1 if poll.watches > 1 else 0, deadline - time.monotonic()):
+        if not await poll.next(poll.polls + 1 if poll.watches > 1 else 0, deadline):
             return
         objects = poll.objects
         sent: dict[int, int] = {}
@@ -223,7 +223,7 @@ async def _lines(
                 for pk in [pk for pk in last if pk not in objects]:
                     sent.pop(pk, None)
                     yield _line("DELETED", last.pop(pk))
-            if not await poll.next(poll.polls, deadline - time.monotonic()):
+            if not await poll.next(poll.polls, deadline):
                 return
             objects = poll.objects
     finally:
