@@ -19,6 +19,11 @@ Before, the web server opened a connection per thread and kept it for CONN_MAX_A
 many clients". Now its requests, watches and sockets borrow from a pool of at most
 `web_pool` connections and give them back when they are done (docs/performance.md).
 
+Code in the web server that reads the database outside a request must give its connection
+back when done, or it keeps a slot of the pool: channels' `database_sync_to_async` does
+(it closes the thread's connection around each call, and with CONN_MAX_AGE 0 closing
+returns it to the pool), as Django does at the end of each request.
+
 Plain Python, no Django: the settings size the pool from it before Django is set up.
 """
 

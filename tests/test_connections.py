@@ -33,6 +33,7 @@ from django.contrib.auth.models import User
 from django.db import connection
 
 from occviz.api.models import ApiToken
+from occviz.bench.watches import watches_bench
 from occviz.connections import LAYER_ALIAS, LAYER_LISTENER, WEB_LAYER_POOL, Reserve, process_kind
 from occviz.store.models import Lease
 from tests.conftest import manage
@@ -215,3 +216,13 @@ def test_a_reserve_too_small_for_the_web_server_is_refused_before_anything_start
     )
     assert daphne.returncode != 0
     assert "OCCVIZ_RESERVED_CONNECTIONS=10 is too few for the web server and 2 worker(s)" in daphne.stderr
+
+
+def test_the_watches_benchmark_times_gets_with_watches_open_and_counts_the_web_servers_connections(
+    database_url: str,
+) -> None:
+    figures = watches_bench(database_url, watches=20, samples=3, rounds=1, settle_s=0.5)
+    run = figures["runs"][0]
+    assert all(run[f"{page}_{side}_ms"] > 0 for page in ("api", "home") for side in ("quiet", "watched")), run
+    # The web server's pool (14 with the default reserve) and its channel layer (6), whatever the watches.
+    assert 0 < run["connections_watched"] <= Reserve(32, 2, layer_on_postgres=True).web_pool + 6 < 20 + 1, run

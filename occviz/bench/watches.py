@@ -33,6 +33,7 @@ from django.db import connection
 
 from occviz.api.models import ApiToken
 from occviz.bench.streaming import _current_database_url, _free_port, _session_cookie, _wait_for_port
+from occviz.jobs.tasks import database_max_connections
 from occviz.store.models import Lease
 
 NAMESPACE = "bench-watches"
@@ -88,7 +89,7 @@ def watches_bench(
         },
         "connections_watched": _spread([run["connections_watched"] for run in runs]),
         "connections_after": _spread([run["connections_after"] for run in runs]),
-        "max_connections": _max_connections(),
+        "max_connections": database_max_connections(),
     }
 
 
@@ -99,13 +100,21 @@ def web_connections(app_name: str = APP_NAME) -> int:
         return int(cursor.fetchone()[0])
 
 
+def _counted() -> int:
+    """web_connections() from a thread of the client's loop, closing the connection that thread opened for it."""
+    try:
+        return web_connections()
+    finally:
+        connection.close()
+
+
 async def _round(port: int, token: str, cookie: str, watches: int, samples: int, settle_s: float) -> dict[str, Any]:
     api_quiet, home_quiet = await _timings(port, token, cookie, samples)
     opened = [asyncio.create_task(_watch(port, token)) for _ in range(watches)]
     streams = await asyncio.gather(*opened)
     try:
         api_watched, home_watched = await _timings(port, token, cookie, samples)
-        connections_watched = await asyncio.to_thread(web_connections)
+        connections_watched = await asyncio.to_thread(_counted)
     finally:
         for _, writer in streams:
             writer.close()
@@ -116,7 +125,7 @@ async def _round(port: int, token: str, cookie: str, watches: int, samples: int,
         "api_watched_ms": _median(api_watched),
         "home_watched_ms": _median(home_watched),
         "connections_watched": connections_watched,
-        "connections_after": await asyncio.to_thread(web_connections),
+        "connections_after": await asyncio.to_thread(_counted),
     }
 
 
@@ -168,12 +177,6 @@ def _token() -> str:
 def _leases() -> None:
     for number in range(5):
         Lease.objects.get_or_create(namespace=NAMESPACE, name=f"lease-{number}")
-
-
-def _max_connections() -> int:
-    with connection.cursor() as cursor:
-        cursor.execute("SHOW max_connections")
-        return int(cursor.fetchone()[0])
 
 
 def _median(values: list[float]) -> float:
