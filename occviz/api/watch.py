@@ -196,14 +196,16 @@ async def _lines(
     deadline = time.monotonic() + timeout
     # The request's connection (its caller's token was read on it) goes back to the pool while the stream lasts.
     await sync_to_async(close_old_connections)()
-    # Nothing yet, but Daphne (Twisted) sends the headers with the first write: a client waits for them.
-    yield ""
     poll = _join(kind, queryset)
     try:
-        # A poll that began after this watch did: nothing changed since the request that the watch would miss.
+        # What the watch starts from: a poll that began after it joined (not one already under way), so
+        # that it misses no change made before its request.
         if not await poll.next(poll.polls + 1 if poll.watches > 1 else 0, deadline):
             return
         objects = poll.objects
+        # Daphne (Twisted) sends the headers with the first write, and a client waits for them: once they
+        # are out, whatever it changes comes after what the watch starts from.
+        yield ""
         sent: dict[int, int] = {}
         last: dict[int, dict[str, Any]] = {}
         if since is not None:
