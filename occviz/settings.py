@@ -171,7 +171,7 @@ OCCVIZ_MAX_SECONDS = envint("OCCVIZ_MAX_SECONDS", 300, maximum=86_400)
 OCCVIZ_MAX_THINK_MS = envint("OCCVIZ_MAX_THINK_MS", 5_000, maximum=600_000)
 OCCVIZ_MAX_ATTEMPTS = envint("OCCVIZ_MAX_ATTEMPTS", 1_000, maximum=1_000_000)
 # Across jobs (occviz/jobs/tasks.py): queued and running jobs hold at most the database's connections
-# (OCCVIZ_DB_CONNECTIONS, 0: its max_connections) less a reserve for the web server and workers,
+# (OCCVIZ_DB_CONNECTIONS, 0: what it lets this role open) less a reserve for the web server and workers,
 # and one person has at most OCCVIZ_MAX_JOBS_PER_USER of them.
 OCCVIZ_DB_CONNECTIONS = envint("OCCVIZ_DB_CONNECTIONS", 0, minimum=0, maximum=100_000)
 OCCVIZ_RESERVED_CONNECTIONS = envint("OCCVIZ_RESERVED_CONNECTIONS", 32, minimum=0, maximum=10_000)
