@@ -5,9 +5,14 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from django.conf import settings
+
 from occviz.web.bad_requests import get_asgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "occviz.settings")
+# Loaded before the settings, this is the web server: its connections come from a bounded pool (occviz/connections.py).
+if not settings.configured:
+    os.environ.setdefault("OCCVIZ_PROCESS", "web")
 # Django must be set up before the consumers (and the models they import) are loaded.
 django_application = get_asgi_application()
 

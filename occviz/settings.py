@@ -8,6 +8,7 @@ DEBUG, ALLOWED_HOSTS, CSRF_TRUSTED_ORIGINS
 OCCVIZ_HTTPS, OCCVIZ_HSTS_*, OCCVIZ_TRUST_X_FORWARDED_PROTO  serving over HTTPS (README: Configuration)
 OCCVIZ_MAX_*   the limits on one job (checked by occviz/scenarios/base.py)
 OCCVIZ_DB_CONNECTIONS, OCCVIZ_RESERVED_CONNECTIONS, OCCVIZ_MAX_JOBS_PER_USER  limits across jobs
+OCCVIZ_PROCESS  what this process is ("web": the web server, set by occviz/asgi.py); names its connections
 OCCVIZ_KEEP_DAYS  how long finished jobs' events are kept (default 30; 0: for ever)
 OCCVIZ_PIN_ACTORS  keep a running job's threads on one CPU (default off)
 OCCVIZ_TLS_PORT, OCCVIZ_TLS_CERT, OCCVIZ_TLS_KEY, OCCVIZ_TLS_CA  serve's HTTPS port and its certificate (occviz/tls.py)
@@ -15,11 +16,14 @@ OCCVIZ_TLS_PORT, OCCVIZ_TLS_CERT, OCCVIZ_TLS_KEY, OCCVIZ_TLS_CA  serve's HTTPS p
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 
+from occviz.connections import LAYER_POOL, WEB_LAYER_POOL, Reserve, process_kind
 from occviz.deploy import stored_secret_key
 from occviz.env import database_from_url, envbool, envint, envlist, envpath, envstr, redis_url
 
@@ -106,12 +110,17 @@ else:
     from occviz.embedded import ensure_embedded_postgres
 
     _database = ensure_embedded_postgres(DATA_DIR)
-# Persistent connections: the live stream reads the store about ten times a second per job.
+# "web" when occviz/asgi.py loads the settings (the web server), else the manage.py command or the program.
+OCCVIZ_PROCESS = envstr("OCCVIZ_PROCESS", "").strip() or process_kind(sys.argv)
+# Persistent connections: the live stream reads the store about ten times a second per job. The web
+# server's are pooled instead (below). Each process names its connections in pg_stat_activity, unless
+# PGAPPNAME does (serve names its workers' and web server's by the serve).
 DATABASES: dict[str, dict[str, Any]] = {
     "default": {
         **_database,
         "CONN_MAX_AGE": 60,
         "CONN_HEALTH_CHECKS": True,
+        "OPTIONS": {} if os.environ.get("PGAPPNAME") else {"application_name": f"occviz {OCCVIZ_PROCESS}"[:63]},
         "TEST": {"NAME": envstr("TEST_DATABASE_NAME", "") or None},
     }
 }
@@ -123,6 +132,8 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 TASKS = {"default": {"BACKEND": "django_tasks_db.DatabaseBackend"}}
 
 REDIS_URL = redis_url("REDIS_URL")
+# The PostgreSQL layer's pool in this process: bounded, and counted in the reserve (occviz/connections.py).
+_LAYER_POOL = {"min_size": 0, "max_size": WEB_LAYER_POOL if OCCVIZ_PROCESS == "web" else LAYER_POOL}
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [REDIS_URL]}},
@@ -132,7 +143,7 @@ else:
         "default": {
             "BACKEND": "channels_postgres.core.PostgresChannelLayer",
             # TIME_ZONE: the package reads it and fails silently without it.
-            "CONFIG": {**DATABASES["default"], "TIME_ZONE": None},
+            "CONFIG": {**DATABASES["default"], "TIME_ZONE": None, "PSYCOPG_OPTIONS": _LAYER_POOL},
         },
     }
 
@@ -160,14 +171,27 @@ OCCVIZ_MAX_SECONDS = envint("OCCVIZ_MAX_SECONDS", 300, maximum=86_400)
 OCCVIZ_MAX_THINK_MS = envint("OCCVIZ_MAX_THINK_MS", 5_000, maximum=600_000)
 OCCVIZ_MAX_ATTEMPTS = envint("OCCVIZ_MAX_ATTEMPTS", 1_000, maximum=1_000_000)
 # Across jobs (occviz/jobs/tasks.py): queued and running jobs hold at most the database's connections
-# (OCCVIZ_DB_CONNECTIONS, 0: its max_connections) less a reserve for the web server and workers,
+# (OCCVIZ_DB_CONNECTIONS, 0: what it lets this role open) less a reserve for the web server and workers,
 # and one person has at most OCCVIZ_MAX_JOBS_PER_USER of them.
 OCCVIZ_DB_CONNECTIONS = envint("OCCVIZ_DB_CONNECTIONS", 0, minimum=0, maximum=100_000)
-OCCVIZ_RESERVED_CONNECTIONS = envint("OCCVIZ_RESERVED_CONNECTIONS", 20, minimum=0, maximum=10_000)
+OCCVIZ_RESERVED_CONNECTIONS = envint("OCCVIZ_RESERVED_CONNECTIONS", 32, minimum=0, maximum=10_000)
 OCCVIZ_MAX_JOBS_PER_USER = envint("OCCVIZ_MAX_JOBS_PER_USER", 4, maximum=1_000)
 # Finished jobs' events are deleted this many days after they end (manage.py prune, serve daily); 0 keeps them.
 OCCVIZ_KEEP_DAYS = envint("OCCVIZ_KEEP_DAYS", 30, minimum=0, maximum=36_500)
 OCCVIZ_WORKERS = envint("OCCVIZ_WORKERS", 2, maximum=32)
+# What the reserve covers, each part bounded (occviz/connections.py); the web server's pool gets the rest.
+OCCVIZ_CONNECTION_RESERVE = Reserve(OCCVIZ_RESERVED_CONNECTIONS, OCCVIZ_WORKERS, layer_on_postgres=not REDIS_URL)
+if OCCVIZ_PROCESS == "web":
+    if OCCVIZ_CONNECTION_RESERVE.problem():
+        raise ImproperlyConfigured(OCCVIZ_CONNECTION_RESERVE.problem())
+    # Requests, watches and sockets borrow a connection and give it back (CONN_MAX_AGE 0 closes it into the
+    # pool); above one, connections idle for a minute are closed; a borrower waits at most 10 s for one.
+    _pool = {"min_size": 1, "max_size": OCCVIZ_CONNECTION_RESERVE.web_pool, "max_idle": 60.0, "timeout": 10.0}
+    DATABASES["default"] = {
+        **DATABASES["default"],
+        "CONN_MAX_AGE": 0,
+        "OPTIONS": {**DATABASES["default"]["OPTIONS"], "pool": _pool},
+    }
 # A running job renews its heartbeat every second; one silent this long lost its runner and is ended.
 OCCVIZ_HEARTBEAT_TIMEOUT_S = envint("OCCVIZ_HEARTBEAT_TIMEOUT_S", 10, minimum=2, maximum=3_600)
 # On, a running job's threads share one CPU (occviz/jobs/affinity.py): worth it only where they,

@@ -1,9 +1,11 @@
 """Jobs as django.tasks: `launch()` creates a job and enqueues it for a `db_worker`.
 
 A job is created only if it fits: within the database's connection budget (every
-queued and running job's connections, plus its own, within `max_connections` less a
-reserve for the web server and workers) and within its user's number of queued and
-running jobs. Both are checked under one PostgreSQL advisory lock held until the new
+queued and running job's connections, plus its own, within the connections the database
+lets occviz's role open, less a reserve for the web server and workers) and within its
+user's number of queued and running jobs. The reserve is honest because everything
+outside the jobs is bounded within it (occviz/connections.py), so a job admitted is a
+job that gets its connections. Both are checked under one PostgreSQL advisory lock held until the new
 job's row commits, so two launches racing for the last room cannot both pass.
 """
 
@@ -53,14 +55,28 @@ def connection_budget() -> int:
     return database_max_connections() - settings.OCCVIZ_RESERVED_CONNECTIONS
 
 
+# What this role may open: max_connections less the slots kept for superusers (and, from PostgreSQL 16,
+# for roles granted pg_use_reserved_connections) unless it is one, and no more than its role's or
+# its database's CONNECTION LIMIT. least() passes over the NULLs of the limits that do not apply.
+_ROOM_SQL = """
+SELECT least(
+    current_setting('max_connections')::int - CASE WHEN r.rolsuper THEN 0 ELSE
+        current_setting('superuser_reserved_connections')::int
+        + coalesce(current_setting('reserved_connections', true)::int, 0) END,
+    CASE WHEN r.rolsuper OR r.rolconnlimit < 0 THEN NULL ELSE r.rolconnlimit END,
+    CASE WHEN r.rolsuper OR d.datconnlimit < 0 THEN NULL ELSE d.datconnlimit END)
+FROM pg_roles r, pg_database d WHERE r.rolname = current_user AND d.datname = current_database()
+"""
+
+
 def database_max_connections() -> int:
-    """OCCVIZ_DB_CONNECTIONS if set, else the server's max_connections (asked once per process)."""
+    """OCCVIZ_DB_CONNECTIONS if set, else the connections the database lets this role open (asked once)."""
     global _max_connections
     if settings.OCCVIZ_DB_CONNECTIONS:
         return int(settings.OCCVIZ_DB_CONNECTIONS)
     if _max_connections is None:
         with connection.cursor() as cursor:
-            cursor.execute("SHOW max_connections")
+            cursor.execute(_ROOM_SQL)
             _max_connections = int(cursor.fetchone()[0])
     return _max_connections
 

@@ -14,7 +14,11 @@ with the page's fragments).
 failover: 20 leader elections (classroom timings) that kill their leader, and how long
 each took to elect another, against its bound (`--failover-runs`).
 
-`--part` picks the parts (`--part streaming browser`); all four run by default.
+watches: the API's and the home page's GET times with no watch open and with `--watches`
+API watches open (`occviz.bench.watches.watches_bench`), and the web server's database
+connections while they are open and after they dropped.
+
+`--part` picks the parts (`--part streaming browser`); all five run by default.
 
 How to read the figures, and what they have been: docs/performance.md.
 """
@@ -41,7 +45,7 @@ from occviz.store.cas import swap_for
 from occviz.store.models import Counter
 
 MANAGE = str(Path(settings.BASE_DIR) / "manage.py")
-PARTS = ["engine", "streaming", "browser", "failover"]
+PARTS = ["engine", "streaming", "browser", "failover", "watches"]
 
 
 def pgbench_path() -> str:
@@ -97,6 +101,7 @@ class Command(BaseCommand):
         parser.add_argument(
             "--failover-runs", type=int, default=20, help="failover: leader-election jobs that kill their leader"
         )
+        parser.add_argument("--watches", type=int, default=200, help="watches: API watches open at once")
         parser.add_argument(
             "--part", nargs="+", choices=["all", *PARTS], default=["all"], help="the parts to run (default: all)"
         )
@@ -111,10 +116,11 @@ class Command(BaseCommand):
             and 1 <= rounds <= 10
             and all(1 <= n <= 500 for n in viewers.values())
             and 1 <= options["failover_runs"] <= 200
+            and 1 <= options["watches"] <= 500
         ):
             raise CommandError(
                 "--writers 1..64, --seconds 1..120, --rounds 1..10, --viewers and --pages 1..500, "
-                "--failover-runs 1..200",
+                "--failover-runs 1..200, --watches 1..500",
                 returncode=2,
             )
         parts = PARTS if "all" in options["part"] else [part for part in PARTS if part in options["part"]]
@@ -134,6 +140,10 @@ class Command(BaseCommand):
             from occviz.bench.failover import measure_failovers
 
             figures["failover"] = measure_failovers(options["failover_runs"], progress=self.stderr.write)
+        if "watches" in parts:
+            from occviz.bench.watches import watches_bench
+
+            figures["watches"] = watches_bench(None, watches=options["watches"], rounds=rounds)
         if options["json"]:
             self.stdout.write(json.dumps(figures))
             return
@@ -164,6 +174,22 @@ class Command(BaseCommand):
                 f"({failover['lease_plus_jittered_retry_s']:g} s): {failover['within_lease_plus_jittered_retry']}; "
                 f"invariant broken in {failover['invariant_broken']} run(s)"
             )
+
+        if "watches" in figures:
+            self._watches(figures["watches"])
+
+    def _watches(self, figures: dict[str, Any]) -> None:
+        def spread(name: str) -> str:
+            return f"median {figures[name]['median']:g} (range {figures[name]['min']:g}-{figures[name]['max']:g})"
+
+        self.stdout.write(
+            f"\nWatches: GETs with none open and with {figures['watches']} API watches open, "
+            f"{figures['rounds']} rounds of {figures['samples']} GETs each (medians of the rounds' medians, ms)\n"
+            f"  API list:  {spread('api_quiet_ms')} alone, {spread('api_watched_ms')} watched (target < 100 ms)\n"
+            f"  home page: {spread('home_quiet_ms')} alone, {spread('home_watched_ms')} watched (target < 100 ms)\n"
+            f"  web server's connections: {spread('connections_watched')} with the watches open, "
+            f"{spread('connections_after')} after they dropped (max_connections {figures['max_connections']})"
+        )
 
     def _streaming(self, title: str, clients: str, figures: dict[str, Any]) -> None:
         self.stdout.write(

@@ -33,6 +33,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, InterfaceError, connections
 
 from occviz import embedded
+from occviz.connections import Reserve
 from occviz.deploy import public_bind_problems
 from occviz.jobs.models import Job
 from occviz.jobs.reaper import start_reaper
@@ -124,6 +125,9 @@ class Command(BaseCommand):
             )
         if not 1 <= workers <= 32:
             raise CommandError(f"--workers {workers}: give between 1 and 32 worker processes.", returncode=2)
+        reserve = Reserve(settings.OCCVIZ_RESERVED_CONNECTIONS, workers, layer_on_postgres=not settings.REDIS_URL)
+        if reserve.problem():
+            raise CommandError(reserve.problem(), returncode=2)
         problems = public_bind_problems(host)
         if problems:
             raise CommandError(
@@ -174,6 +178,8 @@ class Command(BaseCommand):
         # Every job this serve's workers run records a runner starting with this, and only those
         # are cancelled when it stops: never a job of another serve, or of a separate runjob.
         runners = f"serve:{socket.gethostname()[:32]}.{os.getpid()}:"
+        # The web server sizes its connection pool from the reserve, which counts these workers' connections.
+        environ = {**os.environ, "OCCVIZ_WORKERS": str(workers)}
         supervisor = Supervisor(self._log)
         worker_children: list[Child] = []
         for number in range(1, workers + 1):
@@ -183,14 +189,14 @@ class Command(BaseCommand):
                     f"worker w{number}",
                     [sys.executable, MANAGE, "worker", "--no-reload", "--interval", "0.2", "--worker-id", runner],
                     # PGAPPNAME names its connections in pg_stat_activity as the runner.
-                    env={**os.environ, "OCCVIZ_RUNNER_ID": runner, "PGAPPNAME": runner},
+                    env={**environ, "OCCVIZ_RUNNER_ID": runner, "PGAPPNAME": runner},
                 )
             )
         https = ["-e", daphne_endpoint(tls, host, tls_port)] if tls else []
         web = supervisor.add(
             "web server",
             [sys.executable, "-m", "daphne", "-b", host, "-p", str(port), *https, "occviz.asgi:application"],
-            env={**os.environ, "PGAPPNAME": f"{runners}web"},
+            env={**environ, "PGAPPNAME": f"{runners}web"},
         )
         supervisor.start()
         reaper = start_reaper(REAP_EVERY_S)
