@@ -37,18 +37,28 @@ def event_from_row(row: Sequence[Any]) -> dict[str, Any]:
     return event
 
 
+# The batches a page of events needs: those ending after `after`, up to the first that reaches
+# `after + limit`. Found by the (job, seq_to) index in one probe, so only they are unnested.
+_READ_EVENTS = (
+    f"SELECT {', '.join(EVENT_FIELDS)} FROM jobs_event "
+    "WHERE job_id = %(job)s AND seq > %(after)s AND batch_seq_to > %(after)s AND batch_seq_to <= coalesce("
+    "(SELECT seq_to FROM jobs_eventbatch WHERE job_id = %(job)s AND seq_to >= %(reach)s ORDER BY seq_to LIMIT 1), "
+    "%(reach)s) ORDER BY seq LIMIT %(limit)s"
+)
+_MAX_SEQ = 2**63 - 1
+
+
 def read_events(job_id: int, after: int, limit: int) -> list[dict[str, Any]]:
     """The job's stored events with seq > after, in order, at most `limit`.
 
-    batch_seq_to > after lets the (job, seq_to) index skip the batches that end before
-    `after`, so a viewer following a long job reads only the new batches.
+    It costs what it returns, wherever `after` stands: a page unnests only the batches that
+    hold it (those ending after `after`, up to the first ending at or past `after + limit`;
+    the store numbers events without gaps, so they hold the whole page), never the rest of
+    the job. With no batch reaching that far, every later batch is read: the job's last ones.
     """
+    reach = min(after + limit, _MAX_SEQ)
     with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT {', '.join(EVENT_FIELDS)} FROM jobs_event "
-            "WHERE job_id = %s AND batch_seq_to > %s AND seq > %s ORDER BY seq LIMIT %s",
-            [job_id, after, after, limit],
-        )
+        cursor.execute(_READ_EVENTS, {"job": job_id, "after": after, "reach": reach, "limit": limit})
         # A raw cursor returns jsonb as text (Django parses JSONField itself): parse detail as live frames do.
         return [event_from_row(row) for row in cursor.fetchall()]
 
