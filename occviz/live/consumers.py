@@ -17,12 +17,12 @@ from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import parse_qs
 
-from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from occviz.live import fragments
 from occviz.live.feeds import JobFeed, subscribe, unsubscribe
 from occviz.live.frames import StoreReader, WireFrame, merge_runs, wire_text
+from occviz.live.history import read_history
 from occviz.live.jobstate import JobState, aread_job_state
 
 # Close codes (4000-4999 are the application's own; see docs/live-protocol.md).
@@ -108,7 +108,7 @@ class JobEventsConsumer(RefusingConsumer):
             if reader is None:
                 reader = StoreReader(self.state.info, position)
             reader.seek(position)
-            return await database_sync_to_async(read_encoded)(upto)
+            return await read_history(read_encoded, upto)
 
         while True:
             feed = self.feed
@@ -149,9 +149,10 @@ class JobEventsConsumer(RefusingConsumer):
                 await task
 
     async def start(self) -> None:
-        query = parse_qs(self.scope.get("query_string", b"").decode("latin-1"))
+        # Blank values kept: `after=` is a bad value, not a missing one.
+        query = parse_qs(self.scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
         raw_after = query.get("after", ["0"])[-1]
-        after = _sequence_number(raw_after)
+        after = _parsed_sequence_number(raw_after)
         if after is None:
             await self.refuse(CLOSE_BAD_REQUEST, f"after={raw_after!r} is not a sequence number (a whole number >= 0)")
             return
@@ -180,7 +181,7 @@ class JobEventsConsumer(RefusingConsumer):
         end = self.state.end()
         if self.html:
             feed = self.feed
-            end["html"] = await (feed.end_html() if feed else database_sync_to_async(self.final_fragments)())
+            end["html"] = await (feed.end_html() if feed else read_history(self.final_fragments))
         await self.send_json(end)
         await self.close(code=1000)
 
@@ -209,7 +210,7 @@ class JobEventsConsumer(RefusingConsumer):
             return
         after = _sequence_number(content.get("after"))
         if after is None or set(content) - {"type", "after"}:
-            await self.error('resume needs "after": a whole number >= 0, and nothing else')
+            await self.error('resume needs "after": a whole number >= 0 (a number, not a string), and nothing else')
             return
         await self.stop_following()
         self.start_following(after)
@@ -219,10 +220,14 @@ class JobEventsConsumer(RefusingConsumer):
 
 
 def _sequence_number(value: Any) -> int | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 18:
-        return int(value)
-    if isinstance(value, int) and 0 <= value < 2**63:
+    """A sequence number from JSON: a number, never a string or a boolean."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63:
         return value
+    return None
+
+
+def _parsed_sequence_number(text: str) -> int | None:
+    """A sequence number from the query string: digits only (no sign, no blank)."""
+    if text.isascii() and text.isdigit() and len(text) <= 18:
+        return int(text)
     return None

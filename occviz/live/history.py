@@ -1,0 +1,182 @@
+"""History reads: a viewer catching up on a job from the store, off the thread every socket shares.
+
+Channels' `database_sync_to_async` runs each call in ONE thread per process (a websocket has
+no request context of its own, so every call is "thread sensitive" to the same thread): the
+session load of every handshake, every job row read, every feed's read of a new batch. A
+viewer that joins a long job at seq 0 reads hundreds of pages of history; in that thread,
+every other socket's handshake waited behind them, past Daphne's 5 s handshake timeout.
+
+So history reads run here instead, in HISTORY_THREADS threads of their own, each with its own
+database connection: at most that many at once per process, the rest queued in order (one
+page a request, so viewers reading long histories take turns page by page). A thread closes
+its connection (returns it to the pool, when one is configured) as soon as it finds no read
+waiting, so an idle process holds none. A read whose viewer left (its task cancelled when
+the socket closed) is dropped if it has not started, and if it has, its running statement is
+cancelled in PostgreSQL; STATEMENT_TIMEOUT_MS stops any that still runs too long.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from django.db import DatabaseError, connection
+
+logger = logging.getLogger(__name__)
+
+# History reads at once in a web process; on a two-core machine PostgreSQL does the rest of the work.
+HISTORY_THREADS = 3
+# A page of history takes milliseconds; a statement still running after this is cancelled by PostgreSQL.
+STATEMENT_TIMEOUT_MS = 10_000
+# How long a cancel request may take to reach PostgreSQL.
+CANCEL_TIMEOUT_S = 2.0
+
+
+class _Read:
+    """One read handed to the threads: the function, where its result goes, and who runs it."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        self.loop = loop
+        self.fn = fn
+        self.args = args
+        self.future: asyncio.Future[Any] = loop.create_future()
+        self.lock = threading.Lock()
+        self.cancelled = False
+        self.running_on: Any = None
+        """The psycopg connection running its statements, while it runs."""
+
+    def start(self) -> bool:
+        with self.lock:
+            if self.cancelled:
+                return False
+            self.running_on = connection.connection
+            return True
+
+    def finish(self, result: Any = None, error: BaseException | None = None) -> None:
+        with self.lock:
+            self.running_on = None
+        with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits any more
+            self.loop.call_soon_threadsafe(self._deliver, result, error)
+
+    def _deliver(self, result: Any, error: BaseException | None) -> None:
+        if self.future.done():
+            return
+        if error is None:
+            self.future.set_result(result)
+        else:
+            self.future.set_exception(error)
+
+    def cancel(self) -> None:
+        """Drop the read, or stop its running statement (in a thread: a cancel request is a round trip)."""
+        with self.lock:
+            self.cancelled = True
+            if self.running_on is None:
+                return
+        threading.Thread(target=self._cancel_statement, name="history-cancel", daemon=True).start()
+
+    def _cancel_statement(self) -> None:
+        # Under the lock: the thread cannot move on to another viewer's read while the cancel is on its way.
+        with self.lock:
+            if self.running_on is not None:
+                try:
+                    self.running_on.cancel_safe(timeout=CANCEL_TIMEOUT_S)
+                except Exception:
+                    logger.warning("live: cancelling a history read failed", exc_info=True)
+
+
+class HistoryReaders:
+    """A few threads that run history reads in order, each on its own connection."""
+
+    def __init__(self, threads: int = HISTORY_THREADS) -> None:
+        self.size = threads
+        self._queue: queue.SimpleQueue[_Read] = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        self._starting = threading.Lock()
+
+    async def read[T](self, fn: Callable[..., T], *args: Any) -> T:
+        """`fn(*args)` in one of the threads, its result here; cancelling the caller cancels the read."""
+        self._start()
+        read = _Read(asyncio.get_running_loop(), fn, args)
+        self._queue.put(read)
+        try:
+            return await asyncio.shield(read.future)
+        except asyncio.CancelledError:
+            read.cancel()
+            raise
+
+    @property
+    def waiting(self) -> int:
+        """Reads queued for a thread."""
+        return self._queue.qsize()
+
+    def _start(self) -> None:
+        if len(self._threads) == self.size:
+            return
+        with self._starting:
+            while len(self._threads) < self.size:
+                thread = threading.Thread(target=self._work, name=f"history-{len(self._threads) + 1}", daemon=True)
+                thread.start()
+                self._threads.append(thread)
+
+    def _work(self) -> None:
+        while True:
+            try:
+                read = self._queue.get_nowait()
+            except queue.Empty:
+                _release_connection()  # nothing waiting: hold no connection while idle
+                read = self._queue.get()
+            if read.cancelled:
+                continue
+            try:
+                _connect()
+            except Exception as error:
+                read.finish(error=error)
+                continue
+            if read.start():
+                self._run(read)
+
+    @staticmethod
+    def _run(read: _Read) -> None:
+        try:
+            result = read.fn(*read.args)
+        except Exception as error:
+            read.finish(error=error)
+            if isinstance(error, DatabaseError):
+                _close()  # cancelled, or broken: the next read starts on a fresh one
+        else:
+            read.finish(result)
+
+
+def _connect() -> None:
+    """This thread's connection, opened if it has none, with the history reads' statement timeout."""
+    if connection.connection is None:
+        connection.ensure_connection()
+        with connection.cursor() as cursor:
+            cursor.execute(f"SET statement_timeout = {STATEMENT_TIMEOUT_MS}")
+
+
+def _release_connection() -> None:
+    """Close this thread's connection (back to the pool, when there is one, as it was lent)."""
+    if connection.connection is None:
+        return
+    with contextlib.suppress(DatabaseError), connection.cursor() as cursor:
+        cursor.execute("RESET statement_timeout")
+    _close()
+
+
+def _close() -> None:
+    with contextlib.suppress(DatabaseError):
+        connection.close()
+
+
+_readers = HistoryReaders()
+
+
+async def read_history[T](fn: Callable[..., T], *args: Any) -> T:
+    """Run a history read (`fn(*args)`, synchronous, using Django's connection) off the shared thread."""
+    return await _readers.read(fn, *args)
