@@ -10,9 +10,9 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "occviz.settings")
 # Django must be set up before the consumers (and the models they import) are loaded.
 django_application = get_asgi_application()
 
-from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
+from occviz.live.auth import auth_middleware_stack  # noqa: E402
 from occviz.live.daphne import patch_daphne  # noqa: E402
 from occviz.live.origin import SameOriginValidator  # noqa: E402
 from occviz.live.routing import websocket_urlpatterns  # noqa: E402
@@ -22,6 +22,6 @@ patch_daphne()
 application = ProtocolTypeRouter(
     {
         "http": django_application,
-        "websocket": SameOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+        "websocket": SameOriginValidator(auth_middleware_stack(URLRouter(websocket_urlpatterns))),
     }
 )

@@ -1,6 +1,6 @@
 """The websocket of a job: its JSON event stream, for programs and for the job page alike.
 
-It checks the session's user (AuthMiddlewareStack) and, in asgi.py, the origin; it
+It checks the session's user (occviz/live/auth.py) and, in asgi.py, the origin; it
 follows the job through this process's JobFeed and reads the store only for history
 the feed does not hold. With `html=1` (the job page) each frame also carries the
 page's fragments, rendered once per frame by the feed for every such viewer. Nothing
@@ -20,10 +20,10 @@ from urllib.parse import parse_qs
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from occviz.live import fragments
+from occviz.live.dbthreads import read_for_handshake, read_history
 from occviz.live.feeds import JobFeed, subscribe, unsubscribe
 from occviz.live.frames import StoreReader, WireFrame, merge_runs, wire_text
-from occviz.live.history import read_history
-from occviz.live.jobstate import JobState, aread_job_state
+from occviz.live.jobstate import JobState, read_job_state
 
 # Close codes (4000-4999 are the application's own; see docs/live-protocol.md).
 CLOSE_NOT_SIGNED_IN = 4401
@@ -73,7 +73,7 @@ class JobEventsConsumer(RefusingConsumer):
             await self.refuse(CLOSE_NOT_SIGNED_IN, "not signed in: open the socket with your session cookie")
             return
         job_id = int(self.scope["url_route"]["kwargs"]["job_id"])
-        state = await aread_job_state(job_id)
+        state = await read_for_handshake(read_job_state, job_id)
         if state is None:
             await self.refuse(CLOSE_NOT_FOUND, f"job {job_id} does not exist")
             return
@@ -100,8 +100,7 @@ class JobEventsConsumer(RefusingConsumer):
 
         def read_encoded(upto: int) -> WireFrame | None:
             assert reader is not None
-            frame = reader.next_frame(upto)
-            return None if frame is None else WireFrame(frame)
+            return reader.next_wire_frame(upto)
 
         async def read_store(upto: int) -> WireFrame | None:
             nonlocal reader

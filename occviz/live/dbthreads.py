@@ -1,4 +1,4 @@
-"""History reads: a viewer catching up on a job from the store, off the thread every socket shares.
+"""Database work of the websockets, off the one thread every socket shares, in threads of its own.
 
 Channels' `database_sync_to_async` runs each call in ONE thread per process (a websocket has
 no request context of its own, so every call is "thread sensitive" to the same thread): the
@@ -6,13 +6,19 @@ session load of every handshake, every job row read, every feed's read of a new 
 viewer that joins a long job at seq 0 reads hundreds of pages of history; in that thread,
 every other socket's handshake waited behind them, past Daphne's 5 s handshake timeout.
 
-So history reads run here instead, in HISTORY_THREADS threads of their own, each with its own
-database connection: at most that many at once per process, the rest queued in order (one
-page a request, so viewers reading long histories take turns page by page). A thread closes
-its connection (returns it to the pool, when one is configured) as soon as it finds no read
-waiting, so an idle process holds none. A read whose viewer left (its task cancelled when
-the socket closed) is dropped if it has not started, and if it has, its running statement is
-cancelled in PostgreSQL; STATEMENT_TIMEOUT_MS stops any that still runs too long.
+So two kinds of work get threads of their own, each thread with its own database connection:
+
+- history reads (`read_history`): a viewer catching up on a job from the store. At most
+  HISTORY_THREADS at once per process, the rest queued in order (one page a request, so
+  viewers reading long histories take turns page by page).
+- handshakes (`read_for_handshake`): the session and user of a new socket, and its job's row.
+  They wait behind other handshakes only, never behind a history or a feed.
+
+A thread closes its connection (returns it to the pool, when one is configured) as soon as it
+finds no work waiting, so an idle process holds none. A read whose viewer left (its task
+cancelled when the socket closed) is dropped if it has not started, and if it has, its
+running statement is cancelled in PostgreSQL; STATEMENT_TIMEOUT_MS stops any that still runs
+too long.
 """
 
 from __future__ import annotations
@@ -31,7 +37,9 @@ logger = logging.getLogger(__name__)
 
 # History reads at once in a web process; on a two-core machine PostgreSQL does the rest of the work.
 HISTORY_THREADS = 3
-# A page of history takes milliseconds; a statement still running after this is cancelled by PostgreSQL.
+# Handshakes' reads at once: each is a few small queries.
+HANDSHAKE_THREADS = 2
+# A page of history or a handshake's read takes milliseconds; a statement running longer is cancelled by PostgreSQL.
 STATEMENT_TIMEOUT_MS = 10_000
 # How long a cancel request may take to reach PostgreSQL.
 CANCEL_TIMEOUT_S = 2.0
@@ -77,7 +85,7 @@ class _Read:
             self.cancelled = True
             if self.running_on is None:
                 return
-        threading.Thread(target=self._cancel_statement, name="history-cancel", daemon=True).start()
+        threading.Thread(target=self._cancel_statement, name="db-cancel", daemon=True).start()
 
     def _cancel_statement(self) -> None:
         # Under the lock: the thread cannot move on to another viewer's read while the cancel is on its way.
@@ -86,14 +94,15 @@ class _Read:
                 try:
                     self.running_on.cancel_safe(timeout=CANCEL_TIMEOUT_S)
                 except Exception:
-                    logger.warning("live: cancelling a history read failed", exc_info=True)
+                    logger.warning("live: cancelling a database read failed", exc_info=True)
 
 
-class HistoryReaders:
-    """A few threads that run history reads in order, each on its own connection."""
+class DatabaseThreads:
+    """A few threads that run database work in order, each on its own connection."""
 
-    def __init__(self, threads: int = HISTORY_THREADS) -> None:
+    def __init__(self, threads: int, name: str) -> None:
         self.size = threads
+        self.name = name
         self._queue: queue.SimpleQueue[_Read] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
         self._starting = threading.Lock()
@@ -107,6 +116,7 @@ class HistoryReaders:
             return await asyncio.shield(read.future)
         except asyncio.CancelledError:
             read.cancel()
+            read.future.cancel()  # what it still delivers is dropped, never left unretrieved
             raise
 
     @property
@@ -119,7 +129,8 @@ class HistoryReaders:
             return
         with self._starting:
             while len(self._threads) < self.size:
-                thread = threading.Thread(target=self._work, name=f"history-{len(self._threads) + 1}", daemon=True)
+                name = f"{self.name}-{len(self._threads) + 1}"
+                thread = threading.Thread(target=self._work, name=name, daemon=True)
                 thread.start()
                 self._threads.append(thread)
 
@@ -153,7 +164,7 @@ class HistoryReaders:
 
 
 def _connect() -> None:
-    """This thread's connection, opened if it has none, with the history reads' statement timeout."""
+    """This thread's connection, opened if it has none, with the statement timeout."""
     if connection.connection is None:
         connection.ensure_connection()
         with connection.cursor() as cursor:
@@ -174,9 +185,15 @@ def _close() -> None:
         connection.close()
 
 
-_readers = HistoryReaders()
+_history = DatabaseThreads(HISTORY_THREADS, "history")
+_handshakes = DatabaseThreads(HANDSHAKE_THREADS, "handshake")
 
 
 async def read_history[T](fn: Callable[..., T], *args: Any) -> T:
-    """Run a history read (`fn(*args)`, synchronous, using Django's connection) off the shared thread."""
-    return await _readers.read(fn, *args)
+    """Run a history read (`fn(*args)`, synchronous, using Django's connection) in the history threads."""
+    return await _history.read(fn, *args)
+
+
+async def read_for_handshake[T](fn: Callable[..., T], *args: Any) -> T:
+    """Run a new socket's read (its session and user, its job's row) in the handshake threads."""
+    return await _handshakes.read(fn, *args)
