@@ -58,6 +58,10 @@ class WsClient:
 
     async def receive_text(self) -> str:
         """The next whole text message; Closed when the server closes instead."""
+        return (await self.receive_bytes()).decode()
+
+    async def receive_bytes(self) -> bytes:
+        """The next whole message, as it came (UTF-8 for a text message)."""
         message = b""
         while True:
             head = await self.reader.readexactly(2)
@@ -77,7 +81,7 @@ class WsClient:
             if opcode in (0x0, 0x1):
                 message += payload
                 if head[0] & 0x80:
-                    return message.decode()
+                    return message
 
     async def receive_json(self) -> Any:
         return json.loads(await self.receive_text())

@@ -14,7 +14,11 @@ with the page's fragments).
 failover: 20 leader elections (classroom timings) that kill their leader, and how long
 each took to elect another, against its bound (`--failover-runs`).
 
-`--part` picks the parts (`--part streaming browser`); all four run by default.
+class: a class arriving (`occviz.bench.classroom.class_arrival_bench`): 300 job pages open at
+once on one live job, 200 of them drop and reopen from seq 0 (`--class-sockets`,
+`--class-reopen`); hello times, the staying pages' latency, and the web server's memory.
+
+`--part` picks the parts (`--part streaming browser`); all five run by default.
 
 How to read the figures, and what they have been: docs/performance.md.
 """
@@ -41,7 +45,7 @@ from occviz.store.cas import swap_for
 from occviz.store.models import Counter
 
 MANAGE = str(Path(settings.BASE_DIR) / "manage.py")
-PARTS = ["engine", "streaming", "browser", "failover"]
+PARTS = ["engine", "streaming", "browser", "failover", "class"]
 
 
 def pgbench_path() -> str:
@@ -97,6 +101,11 @@ class Command(BaseCommand):
         parser.add_argument(
             "--failover-runs", type=int, default=20, help="failover: leader-election jobs that kill their leader"
         )
+        parser.add_argument("--class-sockets", type=int, default=300, help="class: job pages opened at once")
+        parser.add_argument(
+            "--class-reopen", type=int, default=200, help="class: pages that drop and reopen from seq 0"
+        )
+        parser.add_argument("--class-seconds", type=float, default=20.0, help="class: how long the watched job runs")
         parser.add_argument(
             "--part", nargs="+", choices=["all", *PARTS], default=["all"], help="the parts to run (default: all)"
         )
@@ -111,10 +120,14 @@ class Command(BaseCommand):
             and 1 <= rounds <= 10
             and all(1 <= n <= 500 for n in viewers.values())
             and 1 <= options["failover_runs"] <= 200
+            and 1 <= options["class_sockets"] <= 1000
+            and 0 <= options["class_reopen"] <= options["class_sockets"]
+            and 4 <= options["class_seconds"] <= 120
         ):
             raise CommandError(
                 "--writers 1..64, --seconds 1..120, --rounds 1..10, --viewers and --pages 1..500, "
-                "--failover-runs 1..200",
+                "--failover-runs 1..200, --class-sockets 1..1000, --class-reopen 0..--class-sockets, "
+                "--class-seconds 4..120",
                 returncode=2,
             )
         parts = PARTS if "all" in options["part"] else [part for part in PARTS if part in options["part"]]
@@ -134,6 +147,16 @@ class Command(BaseCommand):
             from occviz.bench.failover import measure_failovers
 
             figures["failover"] = measure_failovers(options["failover_runs"], progress=self.stderr.write)
+        if "class" in parts:
+            from occviz.bench.classroom import class_arrival_bench
+
+            figures["class"] = class_arrival_bench(
+                None,
+                sockets=options["class_sockets"],
+                reopen=options["class_reopen"],
+                seconds=options["class_seconds"],
+                writers=writers,
+            )
         if options["json"]:
             self.stdout.write(json.dumps(figures))
             return
@@ -150,6 +173,8 @@ class Command(BaseCommand):
             self._streaming("Streaming", "websocket clients of the JSON stream", figures["streaming"])
         if "browser" in figures:
             self._streaming("Browser-like", "job pages' sockets", figures["browser"])
+        if "class" in figures:
+            self._class(figures["class"])
         if "failover" in figures:
             failover = figures["failover"]
             timings = failover["timings"]
@@ -164,6 +189,21 @@ class Command(BaseCommand):
                 f"({failover['lease_plus_jittered_retry_s']:g} s): {failover['within_lease_plus_jittered_retry']}; "
                 f"invariant broken in {failover['invariant_broken']} run(s)"
             )
+
+    def _class(self, figures: dict[str, Any]) -> None:
+        hello, latency, memory = figures["hello_ms"], figures["latency_ms"], figures["memory_mb"]
+        self.stdout.write(
+            f"\nA class arriving: {figures['sockets']} job pages open at once on one live job "
+            f"({figures['seconds']:g} s, {figures['events']} events); {figures['reopen']} drop and reopen from seq 0\n"
+            f"  hello: median {hello['median']} ms, p95 {hello['p95']} ms, max {hello['max']} ms "
+            f"(reopened: max {hello['reopened_max']} ms); within {hello['target']:g} ms: {hello['within_target']}; "
+            f"refused: {figures['refused_count']}\n"
+            f"  event-to-client latency of the pages that stayed: p50 {latency['p50']} ms, p95 {latency['p95']} ms "
+            f"(target p95 < {latency['target_p95']:g} ms); {figures['complete']}\n"
+            f"  web server memory: {memory['start_mb']} MB at the start, {memory['peak_mb']} MB at the peak, "
+            f"{memory['end_mb']} MB after the class left ({memory['returned_within']:+} MB; "
+            f"target within {figures['memory_target_mb']:g} MB)"
+        )
 
     def _streaming(self, title: str, clients: str, figures: dict[str, Any]) -> None:
         self.stdout.write(
