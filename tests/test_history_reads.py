@@ -265,3 +265,32 @@ async def test_dropped_history_readers_never_wedge_another_jobs_socket(daphne: t
     text = log.read_text()
     for sign in ("Traceback", "took too long to shut down", "Attempt to send on a closed protocol"):
         assert sign not in text, text[-3000:]
+
+
+@pytest.mark.asyncio
+async def test_memory_is_released_once_the_last_socket_has_stayed_closed(monkeypatch: pytest.MonkeyPatch) -> None:
+    from occviz.live import memory
+
+    released: list[int] = []
+    monkeypatch.setattr(memory, "RELEASE_AFTER_S", 0.05)
+    monkeypatch.setattr(memory, "release_freed_memory", lambda: released.append(1))
+    sockets = memory.OpenSockets()
+    sockets.opened()
+    sockets.opened()
+    sockets.closed()
+    await asyncio.sleep(0.1)
+    assert released == [], "a socket is still open"
+    sockets.closed()
+    sockets.opened()  # a page reloaded at once: nothing to give back yet
+    await asyncio.sleep(0.1)
+    assert released == []
+    sockets.closed()
+    await asyncio.sleep(0.1)
+    assert released == [1]
+
+
+def test_freed_memory_goes_back_to_the_system() -> None:
+    from occviz.live.memory import _trim, release_freed_memory
+
+    assert _trim is not None, "glibc's malloc_trim is found on Linux"
+    release_freed_memory()

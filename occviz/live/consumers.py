@@ -24,6 +24,7 @@ from occviz.live.dbthreads import read_for_handshake, read_history
 from occviz.live.feeds import JobFeed, subscribe, unsubscribe
 from occviz.live.frames import StoreReader, WireFrame, merge_runs, wire_text
 from occviz.live.jobstate import JobState, read_job_state
+from occviz.live.memory import open_sockets
 
 # Close codes (4000-4999 are the application's own; see docs/live-protocol.md).
 CLOSE_NOT_SIGNED_IN = 4401
@@ -65,7 +66,11 @@ class JobEventsConsumer(RefusingConsumer):
     feed: JobFeed | None = None
     html = False
 
+    counted = False
+
     async def connect(self) -> None:
+        open_sockets.opened()
+        self.counted = True
         # Accept before refusing, so the client gets a close code and reason instead of a bare HTTP 403.
         await self.accept()
         user = self.scope.get("user")
@@ -85,6 +90,9 @@ class JobEventsConsumer(RefusingConsumer):
         if self.feed is not None:
             feed, self.feed = self.feed, None
             await unsubscribe(feed, html=self.html)
+        if self.counted:
+            self.counted = False
+            open_sockets.closed()
 
     async def follow(self, after: int) -> AsyncIterator[list[WireFrame]]:
         """Every frame after `after`, in order, each sequence number once, in batches; ends when the job has.

@@ -14,8 +14,9 @@ So two kinds of work get threads of their own, each thread with its own database
 - handshakes (`read_for_handshake`): the session and user of a new socket, and its job's row.
   They wait behind other handshakes only, never behind a history or a feed.
 
-A thread closes its connection (returns it to the pool, when one is configured) as soon as it
-finds no work waiting, so an idle process holds none. A read whose viewer left (its task
+A thread closes its connection (returns it to the pool, when one is configured) once it has
+had no work for IDLE_S, so an idle process holds none, and a burst of new sockets does not
+open one per read. A read whose viewer left (its task
 cancelled when the socket closed) is dropped if it has not started, and if it has, its
 running statement is cancelled in PostgreSQL; STATEMENT_TIMEOUT_MS stops any that still runs
 too long.
@@ -41,6 +42,8 @@ HISTORY_THREADS = 3
 HANDSHAKE_THREADS = 2
 # A page of history or a handshake's read takes milliseconds; a statement running longer is cancelled by PostgreSQL.
 STATEMENT_TIMEOUT_MS = 10_000
+# A thread that had no work for this long closes its connection (a burst of sockets reuses it).
+IDLE_S = 2.0
 # How long a cancel request may take to reach PostgreSQL.
 CANCEL_TIMEOUT_S = 2.0
 
@@ -137,9 +140,9 @@ class DatabaseThreads:
     def _work(self) -> None:
         while True:
             try:
-                read = self._queue.get_nowait()
+                read = self._queue.get(timeout=IDLE_S)
             except queue.Empty:
-                _release_connection()  # nothing waiting: hold no connection while idle
+                _release_connection()  # idle: hold no connection until work comes again
                 read = self._queue.get()
             if read.cancelled:
                 continue
