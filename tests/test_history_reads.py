@@ -10,6 +10,7 @@ Daphne while a fresh socket on another job must get its hello within 1 s and eve
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import subprocess
@@ -229,22 +230,26 @@ async def test_dropped_history_readers_never_wedge_another_jobs_socket(daphne: t
     leaving = asyncio.Event()
     dropped = 0
 
-    async def drop_and_reopen(number: int) -> None:
-        """Open the long job from seq 0, read its hello and two frames, leave (close or abort), again."""
+    async def drop(number: int, after: int) -> None:
+        """Open the long job from `after`, read its hello and two frames, leave (close or abort)."""
         nonlocal dropped
-        while not leaving.is_set():
-            client = await WsClient.connect(port, f"/ws/jobs/{long_job.pk}/events/?after=0", cookie)
-            for _ in range(3):
-                await client.receive_text()
-            if number % 2:
-                client.abort()
-            else:
-                await client.close()
-            dropped += 1
+        client = await WsClient.connect(port, f"/ws/jobs/{long_job.pk}/events/?after={after}", cookie)
+        for _ in range(3):
+            await client.receive_text()
+        if number % 2:
+            client.abort()
+        else:
+            await client.close()
+        dropped += 1
 
-    readers = [asyncio.create_task(drop_and_reopen(number)) for number in range(30)]
-    while dropped < 30:
-        await asyncio.sleep(0.05)
+    async def rounds() -> None:
+        """30 readers open together and drop, round after round (the issue's reproduction), each from its
+        own place in the history, so that their pages are read from the store (pages read once are shared)."""
+        places = itertools.count(0, 2_371)
+        while not leaving.is_set():
+            await asyncio.gather(*(drop(number, next(places) % 390_000) for number in range(30)))
+
+    readers = [asyncio.create_task(rounds())]
     hellos: list[float] = []
     for _ in range(8):
         opened = time.monotonic()
@@ -294,3 +299,63 @@ def test_freed_memory_goes_back_to_the_system() -> None:
 
     assert _trim is not None, "glibc's malloc_trim is found on Linux"
     release_freed_memory()
+
+
+@pytest.mark.asyncio
+async def test_viewers_asking_for_the_same_page_share_one_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    from occviz.live import history
+    from occviz.live.frames import JobInfo, StoreReader
+
+    job = await sync_to_async(long_finished_job)(6_000)
+    info = JobInfo(id=job.pk, scenario=job.scenario, params=dict(job.params))
+    reads: list[tuple[int, int]] = []
+    read_page = history._read_page
+
+    def counted(job: JobInfo, after: int, reach: int) -> Any:
+        reads.append((after, reach))
+        return read_page(job, after, reach)
+
+    monkeypatch.setattr(history, "_read_page", counted)
+    pages = history.HistoryPages(size=2)
+    first = await asyncio.gather(*(pages.page(info, 0, job.last_seq) for _ in range(50)))
+    assert reads == [(0, 2000)] and all(page is first[0] for page in first)
+    expected = await sync_to_async(lambda: StoreReader(info, 0).next_wire_frame(job.last_seq))()
+    assert expected is not None
+    assert (first[0].seq_from, first[0].seq_to, first[0].events_json) == (1, 2000, expected.events_json)
+    assert await pages.page(info, 0, job.last_seq) is first[0] and len(reads) == 1, "kept for those who come later"
+    # A viewer that asks for less gets exactly that range: another page.
+    short = await pages.page(info, 0, 10)
+    assert short is not None and (short.seq_from, short.seq_to, short.count) == (1, 10, 10)
+    await pages.page(info, 2000, job.last_seq)
+    assert len(pages) == 2 and len(reads) == 3, "the oldest page made room"
+    assert await pages.page(info, job.last_seq, job.last_seq) is None
+
+
+@pytest.mark.asyncio
+async def test_a_page_nobody_waits_for_any_more_is_not_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    from occviz.live import history
+    from occviz.live.frames import JobInfo
+
+    job = await sync_to_async(long_finished_job)(6_000)
+    info = JobInfo(id=job.pk, scenario=job.scenario, params=dict(job.params))
+    gate = threading.Event()
+    readers = DatabaseThreads(1, "test")
+    blocker = asyncio.create_task(readers.read(gate.wait, 30))  # the only thread is busy
+    monkeypatch.setattr(history, "read_history", readers.read)
+    reads: list[int] = []
+    monkeypatch.setattr(history, "_read_page", lambda *args: reads.append(1))
+    pages = history.HistoryPages()
+    waiting = [asyncio.create_task(pages.page(info, 0, job.last_seq)) for _ in range(3)]
+    while readers.waiting < 1:
+        await asyncio.sleep(0.01)
+    for viewer in waiting[:2]:
+        viewer.cancel()
+    await asyncio.sleep(0.05)
+    assert not pages._reading[(job.pk, 0, 2000)].task.cancelled(), "one viewer still waits"
+    waiting[2].cancel()
+    await asyncio.gather(*waiting, return_exceptions=True)
+    assert (job.pk, 0, 2000) not in pages._reading
+    gate.set()
+    await blocker
+    assert await readers.read(lambda: "moved on") == "moved on"  # the thread is past the dropped read
+    assert reads == [], "the read was dropped before it ran"

@@ -22,7 +22,8 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from occviz.live import fragments
 from occviz.live.dbthreads import read_for_handshake, read_history
 from occviz.live.feeds import JobFeed, subscribe, unsubscribe
-from occviz.live.frames import StoreReader, WireFrame, merge_runs, wire_text
+from occviz.live.frames import WireFrame, merge_runs, wire_text
+from occviz.live.history import history_pages
 from occviz.live.jobstate import JobState, read_job_state
 from occviz.live.memory import open_sockets
 
@@ -104,18 +105,9 @@ class JobEventsConsumer(RefusingConsumer):
         if not self.state.finished and self.feed is None:
             self.feed = await subscribe(self.state, html=self.html)
         position = after
-        reader: StoreReader | None = None
-
-        def read_encoded(upto: int) -> WireFrame | None:
-            assert reader is not None
-            return reader.next_wire_frame(upto)
 
         async def read_store(upto: int) -> WireFrame | None:
-            nonlocal reader
-            if reader is None:
-                reader = StoreReader(self.state.info, position)
-            reader.seek(position)
-            return await read_history(read_encoded, upto)
+            return await history_pages().page(self.state.info, position, upto)
 
         while True:
             feed = self.feed

@@ -48,6 +48,8 @@ class OpenSockets:
     def __init__(self) -> None:
         self.count = 0
         self._pending: asyncio.TimerHandle | None = None
+        self.on_idle: list[Callable[[], None]] = []
+        """What lets go of what it keeps for viewers (kept pages), before the memory is released."""
 
     def opened(self) -> None:
         self.count += 1
@@ -63,6 +65,8 @@ class OpenSockets:
     def _release(self) -> None:
         self._pending = None
         if self.count == 0:
+            for let_go in self.on_idle:
+                let_go()
             release_freed_memory()
 
 
