@@ -128,6 +128,7 @@ async def test_reads_run_a_bounded_number_at_once_and_the_rest_wait() -> None:
         await asyncio.sleep(0.01)
     assert (gate.running, readers.waiting) == (3, 5)
     reads[5].cancel()  # its viewer left while it waited: it never runs
+    await asyncio.wait([reads[5]])  # its cancellation has reached the read
     gate.release.set()
     results = await asyncio.gather(*reads, return_exceptions=True)
     assert results[:5] == [0, 1, 2, 3, 4] and results[6:] == [6, 7]

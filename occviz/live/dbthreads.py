@@ -60,6 +60,8 @@ class _Read:
         self.cancelled = False
         self.running_on: Any = None
         """The psycopg connection running its statements, while it runs."""
+        self.cancel_sent = False
+        """A cancel request went to PostgreSQL: it may still land, so the connection is not used again."""
 
     def start(self) -> bool:
         with self.lock:
@@ -94,6 +96,7 @@ class _Read:
         # Under the lock: the thread cannot move on to another viewer's read while the cancel is on its way.
         with self.lock:
             if self.running_on is not None:
+                self.cancel_sent = True
                 try:
                     self.running_on.cancel_safe(timeout=CANCEL_TIMEOUT_S)
                 except Exception:
@@ -153,6 +156,8 @@ class DatabaseThreads:
                 continue
             if read.start():
                 self._run(read)
+                if read.cancel_sent:
+                    _discard_connection()
 
     @staticmethod
     def _run(read: _Read) -> None:
@@ -161,7 +166,7 @@ class DatabaseThreads:
         except Exception as error:
             read.finish(error=error)
             if isinstance(error, DatabaseError):
-                _close()  # cancelled, or broken: the next read starts on a fresh one
+                _release_connection()  # cancelled, or broken: the next read starts on a fresh one
         else:
             read.finish(result)
 
@@ -180,6 +185,16 @@ def _release_connection() -> None:
         return
     with contextlib.suppress(DatabaseError), connection.cursor() as cursor:
         cursor.execute("RESET statement_timeout")
+    _close()
+
+
+def _discard_connection() -> None:
+    """Close this thread's connection for good (never back to a pool): a cancel request may still be on its way
+    to its backend, and must not stop the next statement run there."""
+    raw = connection.connection
+    if raw is not None:
+        with contextlib.suppress(Exception):
+            raw.close()
     _close()
 
 
