@@ -27,3 +27,16 @@ def test_job_page_sockets_through_daphne_see_every_event_and_the_end_with_fragme
     assert figures["decoded_complete"] == "1 of 1 decoded runs had every event exactly once"
     assert figures["commits_per_s_alone"] > 0 and figures["commits_per_s_watched"] > 0
     assert figures["latency_ms"]["p95"] is not None
+
+
+@pytest.mark.slow
+def test_a_small_class_arrives_drops_and_reopens_and_every_page_sees_the_whole_job(database_url: str) -> None:
+    from occviz.bench.classroom import class_arrival_bench
+
+    figures = class_arrival_bench(database_url, sockets=6, reopen=4, seconds=4, writers=2)
+    assert figures["status"] == "succeeded" and figures["refused_count"] == 0
+    assert figures["complete"] == "6 of 6 saw every event once and the end"
+    assert figures["hello_ms"]["within_target"].endswith(" of 10")  # 6 openings, 4 reopenings
+    assert figures["latency_ms"]["p95"] is not None
+    memory = figures["memory_mb"]
+    assert 0 < memory["start_mb"] <= memory["peak_mb"] and memory["end_mb"] > 0

@@ -46,6 +46,8 @@ from occviz.live.jobstate import aread_job_state
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ORIGIN = (b"origin", b"http://127.0.0.1")
+# The host the socket is opened on, as a browser sends it: the Origin must be this same origin.
+HOST = (b"host", b"127.0.0.1")
 REDIS = "redis://127.0.0.1:6379/7"
 
 # channels-postgres deletes group members through its own alias (a mirror of the test database).
@@ -133,7 +135,7 @@ def worker(env: dict[str, str]) -> Iterator[subprocess.Popen[str]]:
 
 
 def socket(path: str, cookie: bytes | None, origin: tuple[bytes, bytes] = ORIGIN) -> WebsocketCommunicator:
-    headers = [origin] + ([(b"cookie", cookie)] if cookie else [])
+    headers = [HOST, origin] + ([(b"cookie", cookie)] if cookie else [])
     return WebsocketCommunicator(application, path, headers=headers)
 
 

@@ -32,7 +32,7 @@ from occviz.deploy import SECRET_KEY_FILE, public_bind_problems, stored_secret_k
 from occviz.jobs.tasks import create_job
 from occviz.live.consumers import MAX_CLOSE_REASON
 from tests.conftest import ROOT
-from tests.test_live_stream import ORIGIN, session_cookie  # noqa: F401 (a fixture)
+from tests.test_live_stream import HOST, ORIGIN, session_cookie  # noqa: F401 (a fixture)
 
 # The key the source used to hold: whoever read it could sign sessions and messages.
 PUBLIC_KEY = "occviz-development-key-not-for-production"
@@ -231,7 +231,7 @@ async def closing_messages(communicator: WebsocketCommunicator) -> tuple[list[An
 @pytest.mark.asyncio
 async def test_an_unknown_websocket_path_is_refused_with_4404(session_cookie: bytes) -> None:  # noqa: F811
     paths = ("/ws/nowhere/", "/ws/jobs/abc/events/", "/ws/jobs/7/", "/")
-    for headers, path in itertools.product(([ORIGIN], [ORIGIN, (b"cookie", session_cookie)]), paths):
+    for headers, path in itertools.product(([HOST, ORIGIN], [HOST, ORIGIN, (b"cookie", session_cookie)]), paths):
         communicator = WebsocketCommunicator(application, path, headers=headers)
         connected, _ = await communicator.connect()
         assert connected
@@ -246,7 +246,7 @@ async def test_an_unknown_websocket_path_is_refused_with_4404(session_cookie: by
 @pytest.mark.asyncio
 async def test_a_job_id_beyond_any_job_is_refused_as_not_found(session_cookie: bytes) -> None:  # noqa: F811
     communicator = WebsocketCommunicator(
-        application, "/ws/jobs/99999999999999999999999/events/", headers=[ORIGIN, (b"cookie", session_cookie)]
+        application, "/ws/jobs/99999999999999999999999/events/", headers=[HOST, ORIGIN, (b"cookie", session_cookie)]
     )
     assert (await communicator.connect())[0]
     _, close = await closing_messages(communicator)
@@ -258,7 +258,7 @@ async def test_a_job_id_beyond_any_job_is_refused_as_not_found(session_cookie: b
 @pytest.mark.asyncio
 async def test_a_long_reason_is_cut_to_fit_the_close_frame() -> None:
     path = "/ws/" + "é" * 200 + "/"
-    communicator = WebsocketCommunicator(application, path, headers=[ORIGIN])
+    communicator = WebsocketCommunicator(application, path, headers=[HOST, ORIGIN])
     assert (await communicator.connect())[0]
     messages, close = await closing_messages(communicator)
     assert path in messages[0]["error"], "the error message carries it whole"

@@ -50,7 +50,7 @@ from django.db import connection
 from occviz.jobs.models import Event, Job
 from occviz.jobs.tasks import launch
 
-_SEQ_RANGE = re.compile(rb'"seq_from":(\d+),"seq_to":(\d+)')
+SEQ_RANGE = re.compile(rb'"seq_from":(\d+),"seq_to":(\d+)')
 
 # The socket the job page opens: the whole stream, each frame with the page's fragments.
 JOB_PAGE_QUERY = "?after=0&html=1"
@@ -82,10 +82,10 @@ def streaming_bench(
     (medians of `rounds` alternating runs), their ratio, and the latency p50/p95 in ms over
     every event of every watched run."""
     html = parse_qs(query.removeprefix("?")).get("html", ["0"])[-1] == "1"
-    env = {**os.environ, "DATABASE_URL": database_url or _current_database_url()}
-    asyncio.run(_check_layer())
-    cookie = _session_cookie()
-    port = _free_port()
+    env = {**os.environ, "DATABASE_URL": database_url or current_database_url()}
+    asyncio.run(check_layer())
+    cookie = session_cookie()
+    port = free_port()
     server = subprocess.Popen(
         [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "occviz.asgi:application"],
         cwd=settings.BASE_DIR,
@@ -94,7 +94,7 @@ def streaming_bench(
         stderr=subprocess.DEVNULL,
     )
     try:
-        _wait_for_port(port)
+        wait_for_port(port)
         params = {"strategy": "occ", "writers": writers, "seconds": seconds, "max_attempts": 1000}
         # Rounds alternate, so a noisy machine slows both sides alike.
         alone: list[float] = []
@@ -106,7 +106,7 @@ def streaming_bench(
             alone.append(_commits_per_s(_run_job(env, params)))
             job, received, decoded = asyncio.run(_watched_run(env, params, port, cookie, viewers, query))
             watched.append(_commits_per_s(job))
-            latencies.extend(_latencies_ms(job, received))
+            latencies.extend(latencies_ms(job, received))
             complete += sum(viewer.complete(job.last_seq, html=html) for viewer in received)
             decoded_ok += decoded == list(range(1, job.last_seq + 1))
     finally:
@@ -131,14 +131,14 @@ def streaming_bench(
         ),
         "decoded_complete": f"{decoded_ok} of {rounds} decoded runs had every event exactly once",
         "latency_ms": {
-            "p50": _percentile(latencies, 0.50),
-            "p95": _percentile(latencies, 0.95),
+            "p50": percentile(latencies, 0.50),
+            "p95": percentile(latencies, 0.95),
             "max": round(max(latencies), 1) if latencies else None,
         },
     }
 
 
-async def _check_layer() -> None:
+async def check_layer() -> None:
     """One message through the channel layer and back, or a clear error instead of a misleading figure."""
     layer = get_channel_layer()
     if layer is None:
@@ -163,7 +163,7 @@ def _commits_per_s(job: Job) -> float:
     return float(job.summary["commits_per_s"]) if job.summary else 0.0
 
 
-def _current_database_url() -> str:
+def current_database_url() -> str:
     params = connection.settings_dict
     host = params["HOST"] or "127.0.0.1"
     if host.startswith("/"):
@@ -171,7 +171,7 @@ def _current_database_url() -> str:
     return f"postgresql://{params['USER']}:{params['PASSWORD']}@{host}:{params['PORT'] or 5432}/{params['NAME']}"
 
 
-def _session_cookie() -> str:
+def session_cookie() -> str:
     user, _ = get_user_model().objects.get_or_create(username="streaming-bench")
     session = SessionStore()
     session["_auth_user_id"] = str(user.pk)
@@ -181,13 +181,13 @@ def _session_cookie() -> str:
     return f"{settings.SESSION_COOKIE_NAME}={session.session_key}"
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
 
 
-def _wait_for_port(port: int, timeout: float = 30) -> None:
+def wait_for_port(port: int, timeout: float = 30) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.5):
@@ -196,7 +196,7 @@ def _wait_for_port(port: int, timeout: float = 30) -> None:
     raise RuntimeError(f"daphne did not listen on 127.0.0.1:{port} within {timeout} s")
 
 
-def _start_worker(env: dict[str, str]) -> subprocess.Popen[bytes]:
+def start_worker(env: dict[str, str]) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [sys.executable, str(Path(settings.BASE_DIR) / "manage.py"), "db_worker", "--max-tasks", "1"],
         cwd=settings.BASE_DIR,
@@ -208,7 +208,7 @@ def _start_worker(env: dict[str, str]) -> subprocess.Popen[bytes]:
 
 def _run_job(env: dict[str, str], params: dict[str, Any]) -> Job:
     job = launch("counter", params)
-    worker = _start_worker(env)
+    worker = start_worker(env)
     worker.wait(params["seconds"] + 120)
     return Job.objects.get(pk=job.pk)
 
@@ -229,7 +229,7 @@ async def _watched_run(
         for number, (viewer, ready) in enumerate(zip(received, connected, strict=True))
     ]
     await asyncio.wait_for(asyncio.gather(*(ready.wait() for ready in connected)), 60)
-    worker = _start_worker(env)
+    worker = start_worker(env)
     await asyncio.wait_for(asyncio.gather(*clients), params["seconds"] + 120)
     await asyncio.to_thread(worker.wait, 60)
     return await Job.objects.aget(pk=job.pk), received, decoded
@@ -281,7 +281,7 @@ async def _follow(
             message += payload
             if head[0] & 0x80:  # final fragment
                 at = time.time()
-                found = _SEQ_RANGE.search(message, 0, 200)
+                found = SEQ_RANGE.search(message, 0, 200)
                 if found:
                     viewer.frames.append((int(found[1]), int(found[2]), at))
                 if found is None or decoded is not None:
@@ -310,7 +310,7 @@ def _covered(frames: list[tuple[int, int, float]]) -> int:
     return position
 
 
-def _latencies_ms(job: Job, received: list[Viewer]) -> list[float]:
+def latencies_ms(job: Job, received: list[Viewer]) -> list[float]:
     if job.started_at is None:
         return []
     start = job.started_at.timestamp()
@@ -322,7 +322,7 @@ def _latencies_ms(job: Job, received: list[Viewer]) -> list[float]:
     return latencies
 
 
-def _percentile(values: list[float], q: float) -> float | None:
+def percentile(values: list[float], q: float) -> float | None:
     if not values:
         return None
     if len(values) == 1:

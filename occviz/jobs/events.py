@@ -37,20 +37,67 @@ def event_from_row(row: Sequence[Any]) -> dict[str, Any]:
     return event
 
 
+# The batches a page of events needs: those ending after `after`, up to the first that reaches
+# `after + limit`. Found by the (job, seq_to) index in one probe, so only they are unnested.
+_PAGE = (
+    f"SELECT {', '.join(EVENT_FIELDS)} FROM jobs_event "
+    "WHERE job_id = %(job)s AND seq > %(after)s AND batch_seq_to > %(after)s AND batch_seq_to <= coalesce("
+    "(SELECT seq_to FROM jobs_eventbatch WHERE job_id = %(job)s AND seq_to >= %(reach)s ORDER BY seq_to LIMIT 1), "
+    "%(reach)s) ORDER BY seq LIMIT %(limit)s"
+)
+_READ_EVENTS = _PAGE
+_MAX_SEQ = 2**63 - 1
+_FLOAT_FIELDS = ("t_ms", "duration_ms", "latency_ms")
+
+
+def _json_sql(field: str) -> str:
+    """SQL for one field of an event as Python's json.dumps writes it (a float keeps its `.0`)."""
+    if field == "kind":
+        return "to_json(kind)::text"
+    if field == "detail":
+        return "detail::text"
+    if field in _FLOAT_FIELDS:
+        return f"CASE WHEN {field}::text ~ '[.en]' THEN {field}::text ELSE {field}::text || '.0' END"
+    return f"{field}::text"
+
+
+# The same page, each event as the JSON array the stream sends (EVENT_FIELDS order), joined by commas.
+_READ_EVENTS_JSON = (
+    "SELECT min(seq), max(seq), count(*), string_agg('[' || "
+    + " || ',' || ".join(f"coalesce({_json_sql(field)}, 'null')" for field in EVENT_FIELDS)
+    + f" || ']', ',' ORDER BY seq) FROM ({_PAGE}) AS page"
+)
+
+
+def _page_params(job_id: int, after: int, limit: int) -> dict[str, int]:
+    return {"job": job_id, "after": after, "reach": min(after + limit, _MAX_SEQ), "limit": limit}
+
+
 def read_events(job_id: int, after: int, limit: int) -> list[dict[str, Any]]:
     """The job's stored events with seq > after, in order, at most `limit`.
 
-    batch_seq_to > after lets the (job, seq_to) index skip the batches that end before
-    `after`, so a viewer following a long job reads only the new batches.
+    It costs what it returns, wherever `after` stands: a page unnests only the batches that
+    hold it (those ending after `after`, up to the first ending at or past `after + limit`;
+    the store numbers events without gaps, so they hold the whole page), never the rest of
+    the job. With no batch reaching that far, every later batch is read: the job's last ones.
     """
     with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT {', '.join(EVENT_FIELDS)} FROM jobs_event "
-            "WHERE job_id = %s AND batch_seq_to > %s AND seq > %s ORDER BY seq LIMIT %s",
-            [job_id, after, after, limit],
-        )
+        cursor.execute(_READ_EVENTS, _page_params(job_id, after, limit))
         # A raw cursor returns jsonb as text (Django parses JSONField itself): parse detail as live frames do.
         return [event_from_row(row) for row in cursor.fetchall()]
+
+
+def read_events_json(job_id: int, after: int, limit: int) -> tuple[int, int, int, str] | None:
+    """The page `read_events` reads, as (first seq, last seq, count, the events as JSON arrays, comma-separated).
+
+    Encoded by PostgreSQL: a viewer catching up on a long history costs the web process one
+    string a page, not an object per value. The arrays say what `event_array` of each event
+    says (the same values; a detail's JSON may differ in spacing), or None if there are none.
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(_READ_EVENTS_JSON, _page_params(job_id, after, limit))
+        first, last, count, text = cursor.fetchone()
+    return None if not count else (first, last, count, text)
 
 
 def pruned_notice(job: Job) -> str:

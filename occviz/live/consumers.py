@@ -1,6 +1,6 @@
 """The websocket of a job: its JSON event stream, for programs and for the job page alike.
 
-It checks the session's user (AuthMiddlewareStack) and, in asgi.py, the origin; it
+It checks the session's user (occviz/live/auth.py) and, in asgi.py, the origin; it
 follows the job through this process's JobFeed and reads the store only for history
 the feed does not hold. With `html=1` (the job page) each frame also carries the
 page's fragments, rendered once per frame by the feed for every such viewer. Nothing
@@ -17,13 +17,15 @@ from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import parse_qs
 
-from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from occviz.live import fragments
+from occviz.live.dbthreads import read_for_handshake, read_history
 from occviz.live.feeds import JobFeed, subscribe, unsubscribe
-from occviz.live.frames import StoreReader, WireFrame, merge_runs, wire_text
-from occviz.live.jobstate import JobState, aread_job_state
+from occviz.live.frames import WireFrame, merge_runs, wire_text
+from occviz.live.history import history_pages
+from occviz.live.jobstate import JobState, read_job_state
+from occviz.live.memory import open_sockets
 
 # Close codes (4000-4999 are the application's own; see docs/live-protocol.md).
 CLOSE_NOT_SIGNED_IN = 4401
@@ -65,7 +67,11 @@ class JobEventsConsumer(RefusingConsumer):
     feed: JobFeed | None = None
     html = False
 
+    counted = False
+
     async def connect(self) -> None:
+        open_sockets.opened()
+        self.counted = True
         # Accept before refusing, so the client gets a close code and reason instead of a bare HTTP 403.
         await self.accept()
         user = self.scope.get("user")
@@ -73,7 +79,7 @@ class JobEventsConsumer(RefusingConsumer):
             await self.refuse(CLOSE_NOT_SIGNED_IN, "not signed in: open the socket with your session cookie")
             return
         job_id = int(self.scope["url_route"]["kwargs"]["job_id"])
-        state = await aread_job_state(job_id)
+        state = await read_for_handshake(read_job_state, job_id)
         if state is None:
             await self.refuse(CLOSE_NOT_FOUND, f"job {job_id} does not exist")
             return
@@ -85,6 +91,9 @@ class JobEventsConsumer(RefusingConsumer):
         if self.feed is not None:
             feed, self.feed = self.feed, None
             await unsubscribe(feed, html=self.html)
+        if self.counted:
+            self.counted = False
+            open_sockets.closed()
 
     async def follow(self, after: int) -> AsyncIterator[list[WireFrame]]:
         """Every frame after `after`, in order, each sequence number once, in batches; ends when the job has.
@@ -96,19 +105,9 @@ class JobEventsConsumer(RefusingConsumer):
         if not self.state.finished and self.feed is None:
             self.feed = await subscribe(self.state, html=self.html)
         position = after
-        reader: StoreReader | None = None
-
-        def read_encoded(upto: int) -> WireFrame | None:
-            assert reader is not None
-            frame = reader.next_frame(upto)
-            return None if frame is None else WireFrame(frame)
 
         async def read_store(upto: int) -> WireFrame | None:
-            nonlocal reader
-            if reader is None:
-                reader = StoreReader(self.state.info, position)
-            reader.seek(position)
-            return await database_sync_to_async(read_encoded)(upto)
+            return await history_pages().page(self.state.info, position, upto)
 
         while True:
             feed = self.feed
@@ -149,9 +148,10 @@ class JobEventsConsumer(RefusingConsumer):
                 await task
 
     async def start(self) -> None:
-        query = parse_qs(self.scope.get("query_string", b"").decode("latin-1"))
+        # Blank values kept: `after=` is a bad value, not a missing one.
+        query = parse_qs(self.scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
         raw_after = query.get("after", ["0"])[-1]
-        after = _sequence_number(raw_after)
+        after = _parsed_sequence_number(raw_after)
         if after is None:
             await self.refuse(CLOSE_BAD_REQUEST, f"after={raw_after!r} is not a sequence number (a whole number >= 0)")
             return
@@ -180,7 +180,7 @@ class JobEventsConsumer(RefusingConsumer):
         end = self.state.end()
         if self.html:
             feed = self.feed
-            end["html"] = await (feed.end_html() if feed else database_sync_to_async(self.final_fragments)())
+            end["html"] = await (feed.end_html() if feed else read_history(self.final_fragments))
         await self.send_json(end)
         await self.close(code=1000)
 
@@ -209,7 +209,7 @@ class JobEventsConsumer(RefusingConsumer):
             return
         after = _sequence_number(content.get("after"))
         if after is None or set(content) - {"type", "after"}:
-            await self.error('resume needs "after": a whole number >= 0, and nothing else')
+            await self.error('resume needs "after": a whole number >= 0 (a number, not a string), and nothing else')
             return
         await self.stop_following()
         self.start_following(after)
@@ -219,10 +219,14 @@ class JobEventsConsumer(RefusingConsumer):
 
 
 def _sequence_number(value: Any) -> int | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 18:
-        return int(value)
-    if isinstance(value, int) and 0 <= value < 2**63:
+    """A sequence number from JSON: a number, never a string or a boolean."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63:
         return value
+    return None
+
+
+def _parsed_sequence_number(text: str) -> int | None:
+    """A sequence number from the query string: digits only (no sign, no blank)."""
+    if text.isascii() and text.isdigit() and len(text) <= 18:
+        return int(text)
     return None

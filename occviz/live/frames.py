@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
-from occviz.jobs.events import EVENT_FIELDS, read_events
+from occviz.jobs.events import EVENT_FIELDS, read_events, read_events_json
 from occviz.jobs.figures import Totals
 from occviz.jobs.snapshots import Snapshot, snapshot_or_empty
 from occviz.scenarios import SCENARIOS
@@ -60,12 +60,16 @@ def event_array(event: dict[str, Any]) -> list[Any]:
     return [event[name] for name in EVENT_FIELDS]
 
 
-def make_frame(job_id: int, events: list[dict[str, Any]], snapshot: Snapshot) -> Frame:
+def make_frame(
+    job_id: int, events: list[dict[str, Any]], snapshot: Snapshot, seq_range: tuple[int, int] | None = None
+) -> Frame:
+    """A frame of `events` (or, with `seq_range`, of events kept elsewhere: encoded by the store)."""
+    seq_from, seq_to = seq_range or (events[0]["seq"], events[-1]["seq"])
     return {
         "type": "frame",
         "job": job_id,
-        "seq_from": events[0]["seq"],
-        "seq_to": events[-1]["seq"],
+        "seq_from": seq_from,
+        "seq_to": seq_to,
         "events": events,
         "totals": snapshot["figures"],
         "state": snapshot["state"],
@@ -83,10 +87,11 @@ class WireFrame:
     encodes its frames as it reads them, in the database thread.
     """
 
-    __slots__ = ("_events_json", "_tail_json", "changed_html", "frame", "html")
+    __slots__ = ("_count", "_events_json", "_tail_json", "changed_html", "frame", "html")
 
     def __init__(self, frame: Frame) -> None:
         self.frame = frame
+        self._count: int | None = None
         self._events_json: str | None = None
         self._tail_json: str | None = None
         self.html: dict[str, str] | None = None
@@ -98,6 +103,13 @@ class WireFrame:
     def encoded(cls, frame: Frame) -> WireFrame:
         wire = cls(frame)
         _ = (wire.events_json, wire.tail_json)  # encoded now, in the caller's thread
+        return wire
+
+    @classmethod
+    def from_json(cls, frame: Frame, count: int, events_json: str) -> WireFrame:
+        """A frame whose events came encoded from the store (`frame["events"]` is empty): sent, never cut."""
+        wire = cls(frame)
+        wire._count, wire._events_json = count, events_json
         return wire
 
     @property
@@ -125,12 +137,13 @@ class WireFrame:
 
     @property
     def count(self) -> int:
-        return len(self.frame["events"])
+        return len(self.frame["events"]) if self._count is None else self._count
 
     def after(self, position: int) -> WireFrame:
         """This frame without its events up to `position` (a client that resumed in its middle)."""
         if position < self.seq_from:
             return self
+        assert self._count is None, "a frame encoded by the store has no events to cut"
         events = [event for event in self.frame["events"] if event["seq"] > position]
         part = WireFrame({**self.frame, "seq_from": events[0]["seq"], "events": events})
         part.html, part.changed_html = self.html, self.changed_html
@@ -191,6 +204,21 @@ class StoreReader:
             return None
         self.position = events[-1]["seq"]
         return make_frame(self.job.id, events, snapshot_or_empty(self.job.id, self.position))
+
+    def next_wire_frame(self, upto: int, *, limit: int = MAX_EVENTS_PER_FRAME) -> WireFrame | None:
+        """The same frame as `next_frame`, its events encoded by PostgreSQL: for a viewer catching up on
+        history, which is sent the frame and nothing else (one string here instead of an object a value)."""
+        if upto <= self.position:
+            return None
+        page = read_events_json(self.job.id, self.position, min(limit, upto - self.position))
+        if page is None:
+            return None
+        seq_from, seq_to, count, events_json = page
+        self.position = seq_to
+        frame = make_frame(self.job.id, [], snapshot_or_empty(self.job.id, seq_to), (seq_from, seq_to))
+        wire = WireFrame.from_json(frame, count, events_json)
+        _ = wire.tail_json  # encoded now, in the caller's thread
+        return wire
 
     def seek(self, position: int) -> None:
         """Move to another position (a client's resume)."""

@@ -18,7 +18,11 @@ watches: the API's and the home page's GET times with no watch open and with `--
 API watches open (`occviz.bench.watches.watches_bench`), and the web server's database
 connections while they are open and after they dropped.
 
-`--part` picks the parts (`--part streaming browser`); all five run by default.
+class: a class arriving (`occviz.bench.classroom.class_arrival_bench`): 300 job pages open at
+once on one live job, 200 of them drop and reopen from seq 0 (`--class-sockets`,
+`--class-reopen`); hello times, the staying pages' latency, and the web server's memory.
+
+`--part` picks the parts (`--part streaming browser`); all six run by default.
 
 How to read the figures, and what they have been: docs/performance.md.
 """
@@ -45,7 +49,7 @@ from occviz.store.cas import swap_for
 from occviz.store.models import Counter
 
 MANAGE = str(Path(settings.BASE_DIR) / "manage.py")
-PARTS = ["engine", "streaming", "browser", "failover", "watches"]
+PARTS = ["engine", "streaming", "browser", "failover", "watches", "class"]
 
 
 def pgbench_path() -> str:
@@ -102,6 +106,11 @@ class Command(BaseCommand):
             "--failover-runs", type=int, default=20, help="failover: leader-election jobs that kill their leader"
         )
         parser.add_argument("--watches", type=int, default=200, help="watches: API watches open at once")
+        parser.add_argument("--class-sockets", type=int, default=300, help="class: job pages opened at once")
+        parser.add_argument(
+            "--class-reopen", type=int, default=200, help="class: pages that drop and reopen from seq 0"
+        )
+        parser.add_argument("--class-seconds", type=float, default=20.0, help="class: how long the watched job runs")
         parser.add_argument(
             "--part", nargs="+", choices=["all", *PARTS], default=["all"], help="the parts to run (default: all)"
         )
@@ -117,10 +126,14 @@ class Command(BaseCommand):
             and all(1 <= n <= 500 for n in viewers.values())
             and 1 <= options["failover_runs"] <= 200
             and 1 <= options["watches"] <= 500
+            and 1 <= options["class_sockets"] <= 1000
+            and 0 <= options["class_reopen"] <= options["class_sockets"]
+            and 4 <= options["class_seconds"] <= 120
         ):
             raise CommandError(
                 "--writers 1..64, --seconds 1..120, --rounds 1..10, --viewers and --pages 1..500, "
-                "--failover-runs 1..200, --watches 1..500",
+                "--failover-runs 1..200, --watches 1..500, --class-sockets 1..1000, "
+                "--class-reopen 0..--class-sockets, --class-seconds 4..120",
                 returncode=2,
             )
         parts = PARTS if "all" in options["part"] else [part for part in PARTS if part in options["part"]]
@@ -144,6 +157,16 @@ class Command(BaseCommand):
             from occviz.bench.watches import watches_bench
 
             figures["watches"] = watches_bench(None, watches=options["watches"], rounds=rounds)
+        if "class" in parts:
+            from occviz.bench.classroom import class_arrival_bench
+
+            figures["class"] = class_arrival_bench(
+                None,
+                sockets=options["class_sockets"],
+                reopen=options["class_reopen"],
+                seconds=options["class_seconds"],
+                writers=writers,
+            )
         if options["json"]:
             self.stdout.write(json.dumps(figures))
             return
@@ -160,6 +183,8 @@ class Command(BaseCommand):
             self._streaming("Streaming", "websocket clients of the JSON stream", figures["streaming"])
         if "browser" in figures:
             self._streaming("Browser-like", "job pages' sockets", figures["browser"])
+        if "class" in figures:
+            self._class(figures["class"])
         if "failover" in figures:
             failover = figures["failover"]
             timings = failover["timings"]
@@ -189,6 +214,21 @@ class Command(BaseCommand):
             f"  home page: {spread('home_quiet_ms')} alone, {spread('home_watched_ms')} watched (target < 100 ms)\n"
             f"  web server's connections: {spread('connections_watched')} with the watches open, "
             f"{spread('connections_after')} after they dropped (max_connections {figures['max_connections']})"
+        )
+
+    def _class(self, figures: dict[str, Any]) -> None:
+        hello, latency, memory = figures["hello_ms"], figures["latency_ms"], figures["memory_mb"]
+        self.stdout.write(
+            f"\nA class arriving: {figures['sockets']} job pages open at once on one live job "
+            f"({figures['seconds']:g} s, {figures['events']} events); {figures['reopen']} drop and reopen from seq 0\n"
+            f"  hello: median {hello['median']} ms, p95 {hello['p95']} ms, max {hello['max']} ms "
+            f"(reopened: max {hello['reopened_max']} ms); within {hello['target']:g} ms: {hello['within_target']}; "
+            f"refused: {figures['refused_count']}\n"
+            f"  event-to-client latency of the pages that stayed: p50 {latency['p50']} ms, p95 {latency['p95']} ms "
+            f"(target p95 < {latency['target_p95']:g} ms); {figures['complete']}\n"
+            f"  web server memory: {memory['start_mb']} MB at the start, {memory['peak_mb']} MB at the peak, "
+            f"{memory['end_mb']} MB after the class left ({memory['returned_within']:+} MB; "
+            f"target within {figures['memory_target_mb']:g} MB)"
         )
 
     def _streaming(self, title: str, clients: str, figures: dict[str, Any]) -> None:
