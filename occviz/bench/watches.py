@@ -32,7 +32,7 @@ from django.contrib.auth import get_user_model
 from django.db import connection
 
 from occviz.api.models import ApiToken
-from occviz.bench.streaming import _current_database_url, _free_port, _session_cookie, _wait_for_port
+from occviz.bench.streaming import current_database_url, free_port, session_cookie, wait_for_port
 from occviz.jobs.tasks import database_max_connections
 from occviz.store.models import Lease
 
@@ -53,12 +53,12 @@ def watches_bench(
     """GET timings (ms) of the API and the home page with no watch and with `watches` open,
     and the web server's connections while they are open and after they dropped."""
     token = _token()
-    cookie = _session_cookie()
+    cookie = session_cookie()
     _leases()
-    port = _free_port()
+    port = free_port()
     server_env = {
         **os.environ,
-        "DATABASE_URL": database_url or _current_database_url(),
+        "DATABASE_URL": database_url or current_database_url(),
         "PGAPPNAME": APP_NAME,
         **(env or {}),
     }
@@ -71,7 +71,7 @@ def watches_bench(
     )
     runs: list[dict[str, Any]] = []
     try:
-        _wait_for_port(port)
+        wait_for_port(port)
         for _ in range(rounds):
             runs.append(asyncio.run(_round(port, token, cookie, watches, samples, settle_s)))
     finally:
