@@ -65,6 +65,7 @@ INSTALLED_APPS = [
     "occviz.live",
     "occviz.web",
     "occviz.api",
+    "occviz.lessons",
 ]
 
 MIDDLEWARE = [
