@@ -16,6 +16,7 @@ from django.utils.html import escape
 from django_tasks_db.models import DBTaskResult
 
 from occviz.jobs.models import Job
+from occviz.jobs.runner import run_job
 from occviz.jobs.tasks import create_job
 from occviz.lessons.models import Lesson, LessonRun, LessonRunJob, Step
 from occviz.scenarios import SCENARIOS
@@ -165,6 +166,8 @@ def test_the_home_page_lists_the_lessons_before_the_scenarios(signed_in: Client,
     page = signed_in.get("/").content.decode()
     assert page.index("Where to start: lessons") < page.index("<h1>Scenarios</h1>")
     assert page.index(f'href="/lessons/{STORY}/1/"') < page.index('data-scenario="counter"')
+    listed = re.findall(r'data-lesson="([^"]+)"', page)
+    assert listed[: len(SHIPPED.LESSONS)] == [lesson["slug"] for lesson in SHIPPED.LESSONS]  # the whole story first
 
 
 # -- running a step --------------------------------------------------------------------------------
@@ -217,6 +220,20 @@ def test_a_run_keeps_its_jobs_by_step_and_compares_a_step_run_twice(
     assert html.count("/jobs/compare/?ids=") == 1
     assert html.count("not run") == len(story.ordered_steps()) - 2
     assert signed_in.get(f"/jobs/compare/?ids={first.pk},{again.pk}").status_code == 200
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_run_shows_what_each_job_lost_not_a_plain_success(signed_in: Client, shipped: list[Lesson]) -> None:
+    story = Lesson.objects.get(slug=STORY)
+    signed_in.post(run_url(story, 1))
+    job = run_job(Job.objects.get().pk)  # the lost update demo, run to its end here
+    lost = job.summary["lost_updates"]  # type: ignore[index]
+    assert job.invariant_ok is True and lost > 0
+    run = LessonRun.objects.get()
+    for url in (f"/lessons/runs/{run.pk}/", step_url(story, 1, f"?run={run.pk}")):
+        page = signed_in.get(url).content.decode()
+        assert f"⚠ {lost} lost updates" in page, url
+        assert "invariant holds</span>" not in page
 
 
 def test_present_passes_through_to_the_links_and_the_job_page(signed_in: Client, shipped: list[Lesson]) -> None:

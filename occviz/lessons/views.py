@@ -24,6 +24,7 @@ from occviz.jobs.models import Job
 from occviz.jobs.registry import ParamsError
 from occviz.jobs.tasks import LaunchRefused, launch
 from occviz.lessons.models import Lesson, LessonRun, LessonRunJob, Step
+from occviz.scenarios import SCENARIOS
 from occviz.web.views import MAX_COMPARE
 
 RECENT_RUNS = 10
@@ -55,6 +56,14 @@ def _own_run(request: HttpRequest, lesson: Lesson, raw: str) -> LessonRun | None
     return get_object_or_404(LessonRun, pk=int(raw), lesson=lesson, started_by_id=request.user.pk)
 
 
+def _with_alarms(jobs: list[Job]) -> list[Job]:
+    """The jobs, each with its alarming figures ("344 lost updates"): a lost update is no plain success."""
+    for job in jobs:
+        spec = SCENARIOS.get(job.scenario)
+        job.alarms = spec.alarms(job.summary) if spec else []  # type: ignore[attr-defined]
+    return jobs
+
+
 def compare_url(jobs: list[Job]) -> str:
     """The compare page of the latest jobs (as many as it takes), or '' for fewer than two."""
     latest = [job.pk for job in jobs][-MAX_COMPARE:]
@@ -64,7 +73,7 @@ def compare_url(jobs: list[Job]) -> str:
 @require_safe
 @login_required
 def lesson_list(request: HttpRequest) -> HttpResponse:
-    lessons = Lesson.objects.annotate(step_count=Count("steps"))
+    lessons = Lesson.objects.annotate(step_count=Count("steps")).order_by("position", "title")
     return render(request, "lessons/lesson_list.html", {"lessons": lessons, "present": _present(request)})
 
 
@@ -92,7 +101,7 @@ def _step_context(request: HttpRequest, lesson: Lesson, number: int, run: Lesson
         params, problem = {}, str(refused)
     ran = LessonRunJob.objects.filter(step=step).select_related("job", "run")
     ran = ran.filter(run=run) if run else ran.filter(run__started_by_id=request.user.pk)
-    jobs = [found.job for found in ran]
+    jobs = _with_alarms([found.job for found in ran])
     return {
         "lesson": lesson,
         "step": step,
@@ -147,7 +156,9 @@ def lesson_run(request: HttpRequest, run_id: int) -> HttpResponse:
     """A run's jobs, step by step: any of them to go back to, and each step's runs to compare."""
     run = get_object_or_404(LessonRun.objects.select_related("lesson", "started_by"), pk=run_id)
     ran: dict[int, list[Job]] = {}
-    for found in LessonRunJob.objects.filter(run=run).select_related("job"):
+    found_jobs = list(LessonRunJob.objects.filter(run=run).select_related("job"))
+    _with_alarms([found.job for found in found_jobs])
+    for found in found_jobs:
         ran.setdefault(found.step_id, []).append(found.job)
     rows = [
         {"number": number, "step": step, "jobs": ran.get(step.pk, []), "compare_url": compare_url(ran.get(step.pk, []))}

@@ -15,7 +15,7 @@ register = template.Library()
 
 @register.inclusion_tag("lessons/where_to_start.html")
 def lessons_to_start() -> dict[str, Any]:
-    return {"lessons": Lesson.objects.annotate(step_count=Count("steps"))}
+    return {"lessons": Lesson.objects.annotate(step_count=Count("steps")).order_by("position", "title")}
 
 
 @register.inclusion_tag("lessons/job_in_lesson.html", takes_context=True)
