@@ -142,7 +142,17 @@ def test_a_step_beyond_the_lesson_is_404(signed_in: Client, shipped: list[Lesson
 
 
 @pytest.mark.parametrize(
-    "url", ["/lessons/no-such-lesson/", "/lessons/no-such-lesson/1/", "/lessons/runs/999999/", "/lessons/quota-race/x/"]
+    "url",
+    [
+        "/lessons/no-such-lesson/",
+        "/lessons/no-such-lesson/1/",
+        "/lessons/runs/999999/",
+        "/lessons/runs/99999999999999999999999/",
+        "/lessons/quota-race/x/",
+        "/lessons/quota-race/99999999999999999999999/",
+        "/lessons/quota-race/1/?run=99999999999999999999999",
+        "/lessons/quota-race/1/?run=%D9%A3",
+    ],
 )
 def test_unknown_lessons_steps_and_runs_are_404(signed_in: Client, shipped: list[Lesson], url: str) -> None:
     assert signed_in.get(url).status_code == 404
