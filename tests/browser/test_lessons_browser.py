@@ -15,7 +15,8 @@ from django.contrib.auth.models import User
 from playwright.sync_api import Browser, Page, expect
 
 from occviz.jobs.models import Job
-from occviz.lessons.models import Lesson, LessonRun
+from occviz.lessons.models import Lesson, LessonRun, Step
+from tests.browser.conftest import PASSWORD
 from tests.browser.test_web_browser import sign_in
 from tests.test_lessons import STORY, ship
 
@@ -58,7 +59,14 @@ def test_a_teacher_walks_the_story_from_step_one_to_three_running_each_job(
     shot(page, "home")
     expect(page.locator("[data-lessons] [data-lesson] h2").first).to_have_text(story.title)
 
-    page.click(f"[data-lesson={STORY}] >> text=Start the lesson")
+    page.click("nav >> text=Lessons")
+    page.wait_for_url(f"{app_url}/lessons/")
+    assert fits_the_width(page)
+    shot(page, "lessons")
+    page.click(f"[data-lesson={STORY}] h2 a")
+    expect(page.locator(".lesson-steps li")).to_have_count(len(steps))
+    shot(page, "lesson")
+    page.click("text=Start at step 1")
     jobs: list[int] = []
     for number in range(1, STEPS_WALKED + 1):
         step = steps[number - 1]
@@ -103,3 +111,37 @@ def test_a_teacher_walks_the_story_from_step_one_to_three_running_each_job(
     page.wait_for_url(re.compile(r"/jobs/compare/\?ids=\d+,\d+$"))
     shot(page, "compare-step-1")
     assert errors == []
+
+
+def test_staff_reorder_steps_in_the_admin_and_are_told_why_a_step_is_refused(
+    chromium: Browser, app_url: str, database_url: str
+) -> None:
+    ship()
+    User.objects.create_superuser("editor", password=PASSWORD)
+    lesson = Lesson.objects.get(slug="quota-race")
+    first, second, third = lesson.ordered_steps()
+    context = chromium.new_context(viewport={"width": 1400, "height": 900})
+    context.set_default_timeout(20_000)
+    page = context.new_page()
+    page.goto(f"{app_url}/accounts/login/?next=/admin/")
+    page.fill("input[name=username]", "editor")
+    page.fill("input[name=password]", PASSWORD)
+    page.click("button[type=submit]")
+    page.wait_for_url(f"{app_url}/admin/")
+
+    change = f"{app_url}/admin/lessons/lesson/{lesson.pk}/change/"
+    page.goto(change)
+    page.fill("#id_steps-0-order", "99")
+    page.click("input[name=_save]")
+    page.wait_for_url(f"{app_url}/admin/lessons/lesson/")
+    assert [step.pk for step in lesson.ordered_steps()] == [second.pk, third.pk, first.pk]
+
+    page.goto(change)
+    page.fill("#id_steps-0-params", '{"hard": 10000000}')  # now the second step: the first by order
+    page.click("input[name=_save]")
+    error = page.locator(".errorlist").filter(has_text="hard:")
+    expect(error).to_contain_text("hard: Ensure this value is less than or equal to")
+    error.scroll_into_view_if_needed()
+    shot(page, "admin-refused")
+    assert Step.objects.get(pk=second.pk).params == {}
+    context.close()
