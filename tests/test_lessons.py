@@ -379,4 +379,5 @@ def test_the_admin_lists_lessons_and_runs(editor: Client, shipped: list[Lesson])
     run = LessonRun.objects.create(lesson=story, started_by=None)
     assert editor.get("/admin/lessons/lessonrun/").status_code == 200
     assert editor.get(f"/admin/lessons/lessonrun/{run.pk}/change/").status_code == 200
-    assert editor.get(f"/admin/lessons/lesson/{story.pk}/change/").status_code == 200
+    change = editor.get(f"/admin/lessons/lesson/{story.pk}/change/").content.decode()
+    assert "/admin/r/" in change  # "View on site": the lesson's own page

@@ -13,6 +13,7 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import models
+from django.urls import reverse
 from django.utils import timezone
 
 from occviz.jobs.models import Job
@@ -33,6 +34,9 @@ class Lesson(models.Model):
 
     def __str__(self) -> str:
         return self.title
+
+    def get_absolute_url(self) -> str:
+        return reverse("lessons:detail", args=[self.slug])
 
     def ordered_steps(self) -> list[Step]:
         """Its steps in the order they are taught: step n of the pages is the n-th of these."""
