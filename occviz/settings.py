@@ -69,6 +69,7 @@ INSTALLED_APPS = [
     "occviz.live",
     "occviz.web",
     "occviz.api",
+    "occviz.lessons",
 ]
 
 MIDDLEWARE = [

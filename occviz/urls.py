@@ -7,5 +7,6 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     # The dashboard first: the API's router also answers "" (its root), which must not hide the home page.
     path("", include("occviz.web.urls")),
+    path("lessons/", include("occviz.lessons.urls")),
     path("", include("occviz.api.urls")),
 ]

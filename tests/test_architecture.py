@@ -15,8 +15,11 @@ import pytest
 from tests.conftest import ROOT
 
 PACKAGE = ROOT / "occviz"
-ABOVE_THE_STORE = ("occviz.jobs", "occviz.live", "occviz.web", "occviz.api", "occviz.scenarios")
-ABOVE_THE_JOBS = ("occviz.live", "occviz.web", "occviz.api", "occviz.scenarios")
+ABOVE_THE_STORE = ("occviz.jobs", "occviz.live", "occviz.web", "occviz.api", "occviz.scenarios", "occviz.lessons")
+ABOVE_THE_JOBS = ("occviz.live", "occviz.web", "occviz.api", "occviz.scenarios", "occviz.lessons")
+# The top floor: only the routes import it (settings name it as an app, a string).
+TOP = ("occviz.lessons",)
+MAY_IMPORT_THE_TOP = {"urls.py", "lessons"}
 
 
 def package_of(path: Path) -> str:
@@ -56,6 +59,22 @@ def test_the_store_imports_nothing_above_it() -> None:
 
 def test_the_jobs_import_nothing_above_them() -> None:
     assert reaching_above("jobs", ABOVE_THE_JOBS) == []
+
+
+def test_nothing_but_the_routes_imports_the_lessons() -> None:
+    found = []
+    for path in sorted(PACKAGE.iterdir()):
+        if path.name in MAY_IMPORT_THE_TOP or not (path.is_dir() or path.suffix == ".py"):
+            continue
+        if path.is_dir():
+            found += reaching_above(path.name, TOP)
+        else:
+            found += [
+                f"{path.name}:{line} imports {name}"
+                for line, name in imports_in(path.read_text(), "occviz")
+                if name == TOP[0] or name.startswith(f"{TOP[0]}.")
+            ]
+    assert found == []
 
 
 @pytest.mark.parametrize(

@@ -3,7 +3,7 @@
 The jobs run for real (the finished ones in this process, the running ones in `runjob` child
 processes on the test database, cancelled at the end);
 each page of each is opened through Django's test client. `PAGES` is the list of a job's
-pages: a new one is one line there. The browser half (what the scripts render) is
+pages: a new one is one line there; `lesson_urls` are the lesson pages. The browser half (what the scripts render) is
 tests/browser/test_every_page_browser.py, over the same jobs and pages.
 """
 
@@ -25,10 +25,12 @@ from django.test import Client, override_settings
 from occviz.jobs.models import Job
 from occviz.jobs.runner import run_job
 from occviz.jobs.tasks import create_job
+from occviz.lessons.models import Lesson, LessonRun
 from occviz.scenarios import SCENARIOS
 from occviz.store.kinds import KINDS
 from tests.conftest import ROOT
 from tests.servers import child_database_url
+from tests.test_lessons import SHIPPED, ship
 
 # Small jobs: a finished one ends in about a second; a running one runs until it is cancelled.
 FINISHED: dict[str, dict[str, Any]] = {
@@ -228,6 +230,24 @@ def test_the_watch_page_of_every_object_a_job_uses_answers(
     found = [problem for url in urls for problem in problems(viewer, url)]
     found += [problem for url in urls for problem in problems(viewer, url + "history.json")]
     assert found == []
+
+
+def lesson_urls() -> list[str]:
+    """Every lesson page: the list, each lesson and each of its steps, and a run of each lesson."""
+    urls = ["/lessons/"]
+    for lesson in Lesson.objects.all():
+        urls.append(f"/lessons/{lesson.slug}/")
+        urls += [f"/lessons/{lesson.slug}/{n}/" for n in range(1, len(lesson.ordered_steps()) + 1)]
+        urls.append(f"/lessons/runs/{LessonRun.objects.create(lesson=lesson).pk}/")
+    return urls
+
+
+@pytest.mark.django_db
+def test_every_page_of_every_lesson_answers(signed_in: Client) -> None:
+    ship()
+    urls = lesson_urls()
+    assert len(urls) > 1 + 2 * len(SHIPPED.LESSONS)
+    assert [problem for url in urls for problem in problems(signed_in, url)] == []
 
 
 def test_every_scenario_words_a_job_of_any_parameters() -> None:

@@ -1,7 +1,7 @@
 """Every page a person looks at, of a finished and a running job of every scenario, as Chromium renders it.
 
-The pages are those of tests/test_every_page.py (`PAGES`, and the watch page of each object
-a job uses); each is read once its scripts have drawn, and fails on `[object Object]` in the
+The pages are those of tests/test_every_page.py (`PAGES`, the watch page of each object
+a job uses, and the lesson pages); each is read once its scripts have drawn, and fails on `[object Object]` in the
 text a person sees or on an uncaught script error.
 """
 
@@ -17,7 +17,8 @@ from occviz.jobs.models import Job
 from occviz.jobs.tasks import create_job, run_job_task
 from occviz.scenarios import SCENARIOS
 from tests.browser.test_web_browser import job_status, sign_in
-from tests.test_every_page import PAGES, STATES, JobSet, watch_urls
+from tests.test_every_page import PAGES, STATES, JobSet, lesson_urls, watch_urls
+from tests.test_lessons import ship
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -81,6 +82,14 @@ def test_no_page_of_any_job_shows_object_object_or_a_script_error(
             for url in watch_urls(subject.job):
                 found += read(page, app_url + url, _polled, errors)
     assert found == []
+
+
+def test_no_lesson_page_shows_object_object_or_a_script_error(page: Page, app_url: str, teacher: User) -> None:
+    errors: list[str] = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    ship()
+    sign_in(page, app_url, teacher)
+    assert [problem for url in lesson_urls() for problem in read(page, app_url + url, None, errors)] == []
 
 
 def test_a_page_opened_while_its_job_is_queued_follows_it_running_and_links_its_objects(
