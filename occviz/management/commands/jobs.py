@@ -21,7 +21,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connection
 
 from occviz.jobs.models import Job
-from occviz.jobs.reaper import end_if_stale, end_stale_jobs
+from occviz.jobs.reaper import end_if_stale, reap
 
 COLUMNS = ("ID", "SCENARIO", "STATUS", "RUNNER", "HEARTBEAT AGE", "AGE", "REASON", "VERDICT")
 REASON_WIDTH = 90
@@ -94,7 +94,7 @@ class Command(BaseCommand):
         if options["action"] == "cancel":
             self.cancel(options["job_id"])
             return
-        end_stale_jobs()
+        reap()
         jobs = list(Job.objects.order_by("-id")[: options["limit"]])
         with connection.cursor() as cursor:
             cursor.execute("SELECT now()")
