@@ -117,6 +117,26 @@ def stale_job(seconds_ago: float = 60, **fields: Any) -> Job:
     )
 
 
+def at_once(reap: Callable[[], list[int]], reapers: int) -> list[int]:
+    """Call `reap` in `reapers` threads released together by a barrier; every id they returned."""
+    barrier = threading.Barrier(reapers)
+    results: list[list[int]] = []
+
+    def run() -> None:
+        try:
+            barrier.wait()
+            results.append(reap())
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=run) for _ in range(reapers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return [pk for result in results for pk in result]
+
+
 def assert_events_readable(job: Job) -> None:
     seqs = list(Event.objects.filter(job=job).order_by("seq").values_list("seq", flat=True))
     assert seqs == list(range(1, job.last_seq + 1)), "every event up to last_seq, without a hole"
@@ -222,22 +242,7 @@ def test_a_cancel_nobody_reads_ends_the_job_as_cancelled_with_the_reason() -> No
 
 def test_exactly_one_of_several_concurrent_reapers_ends_each_job() -> None:
     stale = {stale_job().pk for _ in range(20)}
-    barrier = threading.Barrier(8)
-    results: list[list[int]] = []
-
-    def reap() -> None:
-        try:
-            barrier.wait()
-            results.append(end_stale_jobs())
-        finally:
-            connections.close_all()
-
-    threads = [threading.Thread(target=reap) for _ in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    ended = [pk for result in results for pk in result]
+    ended = at_once(end_stale_jobs, reapers=8)
     assert sorted(ended) == sorted(stale), "every stale job ended, and by exactly one reaper"
     assert set(Job.objects.filter(pk__in=stale).values_list("status", flat=True)) == {Job.Status.FAILED}
 
@@ -321,22 +326,8 @@ def test_a_job_whose_every_claiming_worker_died_before_starting_it_is_failed_wit
 
 def test_exactly_one_of_several_concurrent_reapers_hands_back_each_unstarted_job() -> None:
     unstarted = {claimed_job("w1")[0].pk for _ in range(10)}
-    barrier = threading.Barrier(6)
-    results: list[list[int]] = []
-
-    def reap() -> None:
-        try:
-            barrier.wait()
-            results.append(hand_back_unstarted_jobs()[0])
-        finally:
-            connections.close_all()
-
-    threads = [threading.Thread(target=reap) for _ in range(6)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert sorted(pk for result in results for pk in result) == sorted(unstarted)
+    handed_back = at_once(lambda: hand_back_unstarted_jobs()[0], reapers=6)
+    assert sorted(handed_back) == sorted(unstarted), "every one handed back, and by exactly one reaper"
 
 
 @pytest.mark.slow
