@@ -31,9 +31,11 @@ from __future__ import annotations
 import logging
 import threading
 from datetime import datetime
+from typing import Any
 
 from django.conf import settings
 from django.db import Error, connection, transaction
+from django.db.backends.utils import CursorWrapper
 from django.utils import timezone
 from django_tasks_db.models import DBTaskResult
 
@@ -146,8 +148,6 @@ def hand_back_unstarted_jobs(timeout_s: float | None = None) -> tuple[list[int],
     """Hand back to the queue every job claimed `timeout_s` ago (default OCCVIZ_HEARTBEAT_TIMEOUT_S) and not started.
 
     Returns the ids of the jobs handed back, and of those failed instead (claimed MAX_CLAIMS times).
-    Each is a compare-and-swap on the task's claim, with the job locked while queued: of several
-    reapers one wins, and a worker that starts the job meanwhile keeps it.
     """
     seconds = float(settings.OCCVIZ_HEARTBEAT_TIMEOUT_S if timeout_s is None else timeout_s)
     handed_back: list[int] = []
@@ -155,23 +155,8 @@ def hand_back_unstarted_jobs(timeout_s: float | None = None) -> tuple[list[int],
     with connection.cursor() as cursor:
         cursor.execute(_UNSTARTED, [run_job_task.module_path, seconds])
         for task_id, job_id, worker_ids, claimed_at, now in cursor.fetchall():
-            fail = len(worker_ids) >= MAX_CLAIMS
-            reason = unstarted_reason(worker_ids, claimed_at, now) if fail else ""
-            with transaction.atomic():
-                cursor.execute(_LOCK_QUEUED, [job_id])
-                if cursor.fetchone() is None:
-                    continue  # started or cancelled meanwhile
-                if fail:
-                    cursor.execute(_FAIL_TASK, [reason, task_id, claimed_at])
-                else:
-                    cursor.execute(_HAND_BACK, [task_id, claimed_at])
-                if cursor.fetchone() is None:
-                    continue  # another reaper acted first
-                if fail:
-                    cursor.execute(_FAIL_QUEUED, [reason, job_id])
-                    logger.warning("job %s ended as failed: %s", job_id, reason)
-                    failed.append(job_id)
-                else:
+            if len(worker_ids) < MAX_CLAIMS:
+                if _settle_unstarted(cursor, _HAND_BACK, [task_id, claimed_at], job_id):
                     logger.warning(
                         "job %s handed back to the queue: %s claimed it at %s and stopped before starting it",
                         job_id,
@@ -179,7 +164,32 @@ def hand_back_unstarted_jobs(timeout_s: float | None = None) -> tuple[list[int],
                         _at(claimed_at, now),
                     )
                     handed_back.append(job_id)
+                continue
+            reason = unstarted_reason(worker_ids, claimed_at, now)
+            if _settle_unstarted(cursor, _FAIL_TASK, [reason, task_id, claimed_at], job_id, error=reason):
+                logger.warning("job %s ended as failed: %s", job_id, reason)
+                failed.append(job_id)
     return handed_back, failed
+
+
+def _settle_unstarted(
+    cursor: CursorWrapper, task_update: str, params: list[Any], job_id: int, *, error: str = ""
+) -> bool:
+    """Move the task on its claim seen, with its job locked while queued; fail the job too with an `error`.
+
+    A compare-and-swap: of several reapers one wins (True), and a worker that started the
+    job meanwhile keeps it (False; nothing changed).
+    """
+    with transaction.atomic():
+        cursor.execute(_LOCK_QUEUED, [job_id])
+        if cursor.fetchone() is None:
+            return False  # started or cancelled meanwhile
+        cursor.execute(task_update, params)
+        if cursor.fetchone() is None:
+            return False  # another reaper acted first
+        if error:
+            cursor.execute(_FAIL_QUEUED, [error, job_id])
+    return True
 
 
 def reap(timeout_s: float | None = None) -> None:
