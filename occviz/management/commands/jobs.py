@@ -5,8 +5,9 @@
     python manage.py jobs --limit 50
     python manage.py jobs cancel 7        # a queued job at once; a running one is asked to stop
 
-Before listing, running jobs whose runner died are ended (as every occviz process does), so
-the table never shows as running a job no one runs. Ages are measured by PostgreSQL's clock.
+Before listing, running jobs whose runner died are ended, and queued jobs whose worker died
+between claiming and starting them are handed back (as every occviz process does), so the
+table never shows as running a job no one runs, nor as queued one no worker will take. Ages are measured by PostgreSQL's clock.
 """
 
 from __future__ import annotations
