@@ -363,8 +363,12 @@ def test_a_worker_killed_between_claiming_and_starting_a_job_has_it_handed_back_
     # Another worker's reaper hands the job back once the claim is a timeout old; then a worker runs it.
     w2 = start_manage("worker", "--no-reload", "--interval", "0.2", "--no-startup-delay", "--worker-id", "w2")
     wait_for(lambda: Job.objects.get(pk=job.pk).status != Job.Status.QUEUED, timeout=TIMEOUT_S + 10, what="a start")
-    # The claim's timeout, a reaper's interval, and a worker's start (Django's) and claim.
-    assert time.monotonic() - killed < TIMEOUT_S + REAP_INTERVAL_S + 3
+    # The claim's timeout, a reaper's interval, and a worker's start (Django's, slow on a busy machine) and claim.
+    bound_s, started_s = TIMEOUT_S + REAP_INTERVAL_S + 5, time.monotonic() - killed
+    print(
+        f"\n[fault] worker killed between claim and start: its job started {started_s:.2f} s after (bound {bound_s} s)"
+    )
+    assert started_s < bound_s
     job = wait_for(lambda: Job.objects.filter(pk=job.pk, status__in=Job.FINISHED).first(), what="the job to end")
     assert (job.status, job.runner, job.error) == (Job.Status.SUCCEEDED, f"worker:{HOST}:{w2.pid}", "")
     # The worker records its task's end just after the job's.
