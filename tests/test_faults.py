@@ -55,6 +55,8 @@ SIGINT_BOUND_S = 1.5
 SECOND_SERVE_BOUND_S = 15.0
 # How long a stream's frames are counted, for its rate.
 RATE_WINDOW_S = 3.0
+# PostgreSQL restarted: from then until frames come at the layer's pace again (not the poll's) on new sockets.
+PACE_BOUND_S = 20.0
 
 
 def job_params(**params: Any) -> dict[str, Any]:
@@ -176,6 +178,14 @@ class Store:
         assert seen == {"n": last_seq, "distinct_seqs": last_seq, "low": 1, "high": last_seq}, seen
         return int(last_seq)
 
+    def layer_listeners(self) -> int:
+        """How many connections LISTEN for the channel layer's messages (the web server's listeners)."""
+        [row] = self.rows(
+            "SELECT count(*) AS n FROM pg_stat_activity "
+            "WHERE datname = current_database() AND query LIKE 'LISTEN channels_postgres_messages%%'"
+        )
+        return int(row["n"])
+
     def writer_backends(self, runner: str) -> list[int]:
         """The backends of the writers of the job `runner` runs.
 
@@ -229,6 +239,22 @@ class Stream:
             code = int.from_bytes(data[:2], "big") if len(data) >= 2 else None
             pytest.fail(f"the stream closed with {code}: {data[2:].decode(errors='replace')}")
         return dict(json.loads(data))
+
+    def at_pace(self, until: float) -> float:
+        """Read frames until five in a row come less than half a poll interval apart: when (time.monotonic())."""
+        gaps: list[float] = []
+        last = time.monotonic()
+        while len(gaps) < 5 or max(gaps[-5:]) >= POLL_INTERVAL_S / 2:
+            self.socket.settimeout(max(0.01, until - time.monotonic()))
+            try:
+                message = self.next()
+            except websocket.WebSocketTimeoutException:
+                pytest.fail(f"frames did not come at the layer's pace in time (gaps {gaps[-5:]})")
+            assert message["type"] == "frame", f"the job ended before its frames came at pace: {message}"
+            now = time.monotonic()
+            gaps.append(now - last)
+            last = now
+        return last
 
     def frame_times(self, seconds: float = RATE_WINDOW_S) -> list[float]:
         """When each frame arrived over the next `seconds` (time.monotonic()); the job must run on meanwhile."""
@@ -424,6 +450,7 @@ def test_after_a_postgresql_restart_live_frames_keep_their_pace_and_new_sockets_
     wait_until(lambda: store.running_with_events(before), 15, "the job running")
     with Stream(served, dashboard, before, after=store.job(before)["last_seq"]) as stream:
         rate_before = len(stream.frame_times()) / RATE_WINDOW_S
+    assert store.layer_listeners() == 1, "one listener, though a socket's first receives come in twos"
 
     postgres.restart()  # the running job fails (another test's concern); the web server stays up
     restarted = time.monotonic()
@@ -434,12 +461,14 @@ def test_after_a_postgresql_restart_live_frames_keep_their_pace_and_new_sockets_
         first = [streams.enter_context(Stream(served, dashboard, after)) for _ in range(3)]
         wait_until(lambda: store.running_with_events(after), 15, "the next job running")
         with ThreadPoolExecutor(len(first)) as pool:
+            paced = max(pool.map(lambda stream: stream.at_pace(restarted + PACE_BOUND_S), first))
             arrivals = list(pool.map(Stream.frame_times, first))
+        assert store.layer_listeners() == 1, "the listener is back, once"
     rates = [len(times) / RATE_WINDOW_S for times in arrivals]
     print(
         f"\n[fault] PostgreSQL restarted: {rate_before:.1f} frames/s before, {', '.join(f'{r:.1f}' for r in rates)} "
-        f"after (ratios {', '.join(f'{r / rate_before:.2f}' for r in rates)}), counted from "
-        f"{min(times[0] for times in arrivals if times) - restarted:.1f} s after the restart"
+        f"after (ratios {', '.join(f'{r / rate_before:.2f}' for r in rates)}); at pace again "
+        f"{paced - restarted:.1f} s after the restart (bound {PACE_BOUND_S:g} s)"
     )
     assert rate_before > 3 / POLL_INTERVAL_S, "the layer, not the poll, brought the frames before the restart"
     for rate in rates:

@@ -8,7 +8,7 @@ every live job falls back to its feed's poll, one read a second, until the web s
 restarted. Its pool's connections broke too, and each handed its error to the next caller,
 once: a socket opened then lost its feed's group, or its stream.
 
-`ReconnectingPostgresChannelLayer` keeps the package's protocol and changes two things:
+`ReconnectingPostgresChannelLayer` keeps the package's protocol and changes three things:
 
 - its listener reconnects by itself, at once and then backing off to RETRY_MAX_S while
   PostgreSQL is away. It does not replay the messages stored meanwhile (the package does so
@@ -17,7 +17,10 @@ once: a socket opened then lost its feed's group, or its stream.
 - its pool checks a connection before handing it out (one round trip), so a broken one is
   replaced, not used; and the first broken one has every idle connection checked at once,
   since they all broke together (else the pool would find them one by one, waiting 1, 2,
-  4 s in between: seconds of silence after PostgreSQL is back).
+  4 s in between: seconds of silence after PostgreSQL is back);
+- one listener per event loop: the package starts one for every receive that comes before
+  the first listener is up (a socket's first receives come in twos), each delivering every
+  message again, and each reconnecting.
 """
 
 from __future__ import annotations
@@ -46,9 +49,26 @@ class ReconnectingPostgresChannelLayer(PostgresChannelLayer):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.django_db.psycopg_options = {"check": _check_connection, **self.django_db.psycopg_options}
+        self._listener_loop: asyncio.AbstractEventLoop | None = None
+
+    def _get_or_create_listener_task(self) -> tuple[asyncio.Event, bool]:
+        """The package's answer (the listener's "running" event, whether to start one), but one listener per loop."""
+        running, start = super()._get_or_create_listener_task()
+        loop = asyncio.get_running_loop()
+        if start and self._listener_loop is loop:
+            return running, False  # started, not yet listening
+        if start:
+            self._listener_loop = loop  # the caller starts it now
+        return running, start
 
     async def listen_to_all_channels(self) -> None:
         """The package's listener first; whenever its connection breaks, LISTEN again on a new one, until shut down."""
+        try:
+            await self._listen_and_reconnect()
+        finally:
+            self._listener_loop = None
+
+    async def _listen_and_reconnect(self) -> None:
         try:
             await super().listen_to_all_channels()
             return
