@@ -7,7 +7,8 @@
 
 Before listing, running jobs whose runner died are ended, and queued jobs whose worker died
 between claiming and starting them are handed back (as every occviz process does), so the
-table never shows as running a job no one runs, nor as queued one no worker will take. Ages are measured by PostgreSQL's clock.
+table never shows as running a job no one runs, nor as queued one no worker will take.
+Ages are measured by PostgreSQL's clock.
 """
 
 from __future__ import annotations
