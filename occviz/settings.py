@@ -142,7 +142,7 @@ if REDIS_URL:
 else:
     CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "channels_postgres.core.PostgresChannelLayer",
+            "BACKEND": "occviz.live.layer.ReconnectingPostgresChannelLayer",
             # TIME_ZONE: the package reads it and fails silently without it.
             "CONFIG": {**DATABASES["default"], "TIME_ZONE": None, "PSYCOPG_OPTIONS": _LAYER_POOL},
         },

@@ -12,7 +12,9 @@ The children run with a 3 s heartbeat timeout to keep the suite quick.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import json
 import re
 import shutil
 import signal
@@ -22,6 +24,7 @@ import tempfile
 import time
 import warnings
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,8 +32,10 @@ from urllib.parse import quote
 
 import psycopg
 import pytest
+import websocket
 from psycopg.rows import dict_row
 
+from occviz.live.feeds import POLL_INTERVAL_S
 from tests.conftest import ROOT, manage
 from tests.test_serve import Dashboard, Served, serve_environment, wait_until
 
@@ -48,6 +53,10 @@ RESTART_BOUND_S = 10.0
 SIGINT_BOUND_S = 1.5
 # a second serve on the same data folder: refused as soon as Django has loaded.
 SECOND_SERVE_BOUND_S = 15.0
+# How long a stream's frames are counted, for its rate.
+RATE_WINDOW_S = 3.0
+# PostgreSQL restarted: from then until frames come at the layer's pace again (not the poll's) on new sockets.
+PACE_BOUND_S = 20.0
 
 
 def job_params(**params: Any) -> dict[str, Any]:
@@ -141,6 +150,11 @@ class Store:
                     raise
                 time.sleep(0.1)
 
+    def checkpoint(self) -> None:
+        """Every commit so far on disk: the recorder's batches commit asynchronously, and a crash may lose the last."""
+        with psycopg.connect(self.url, autocommit=True) as connection:
+            connection.execute("CHECKPOINT")
+
     def close(self) -> None:
         if self._connection is not None:
             self._connection.close()
@@ -169,6 +183,14 @@ class Store:
         assert seen == {"n": last_seq, "distinct_seqs": last_seq, "low": 1, "high": last_seq}, seen
         return int(last_seq)
 
+    def layer_listeners(self) -> int:
+        """How many connections LISTEN for the channel layer's messages (the web server's listeners)."""
+        [row] = self.rows(
+            "SELECT count(*) AS n FROM pg_stat_activity "
+            "WHERE datname = current_database() AND query LIKE 'LISTEN channels_postgres_messages%%'"
+        )
+        return int(row["n"])
+
     def writer_backends(self, runner: str) -> list[int]:
         """The backends of the writers of the job `runner` runs.
 
@@ -193,6 +215,65 @@ def assert_ran_to_success(store: Store, job_id: int, timeout: float) -> dict[str
 
 def report(fault: str, seconds: float, bound: float) -> None:
     print(f"\n[fault] {fault}: final state after {seconds:.2f} s (bound {bound:g} s)")
+
+
+class Stream:
+    """A job's JSON event stream as a program reads it: a real websocket to serve's Daphne, signed in."""
+
+    def __init__(self, served: Served, dashboard: Dashboard, job_id: int, after: int = 0) -> None:
+        cookie = "; ".join(f"{c.name}={c.value}" for c in dashboard.cookies)
+        self.socket = websocket.create_connection(
+            f"ws://127.0.0.1:{served.port}/ws/jobs/{job_id}/events/?after={after}",
+            cookie=cookie,
+            origin=served.url,
+            timeout=10,
+        )
+        self.hello = self.next()
+        assert self.hello["type"] == "hello", self.hello
+
+    def __enter__(self) -> Stream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.socket.close()
+
+    def next(self) -> dict[str, Any]:
+        """The next message; the test fails if the server closes the socket instead (1011 after a fault)."""
+        opcode, data = self.socket.recv_data()
+        if opcode == websocket.ABNF.OPCODE_CLOSE:
+            code = int.from_bytes(data[:2], "big") if len(data) >= 2 else None
+            pytest.fail(f"the stream closed with {code}: {data[2:].decode(errors='replace')}")
+        return dict(json.loads(data))
+
+    def at_pace(self, until: float) -> float:
+        """Read frames until five in a row come less than half a poll interval apart: when (time.monotonic())."""
+        gaps: list[float] = []
+        last = time.monotonic()
+        while len(gaps) < 5 or max(gaps[-5:]) >= POLL_INTERVAL_S / 2:
+            self.socket.settimeout(max(0.01, until - time.monotonic()))
+            try:
+                message = self.next()
+            except websocket.WebSocketTimeoutException:
+                pytest.fail(f"frames did not come at the layer's pace in time (gaps {gaps[-5:]})")
+            assert message["type"] == "frame", f"the job ended before its frames came at pace: {message}"
+            now = time.monotonic()
+            gaps.append(now - last)
+            last = now
+        return last
+
+    def frame_times(self, seconds: float = RATE_WINDOW_S) -> list[float]:
+        """When each frame arrived over the next `seconds` (time.monotonic()); the job must run on meanwhile."""
+        times: list[float] = []
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            self.socket.settimeout(left)
+            try:
+                message = self.next()
+            except websocket.WebSocketTimeoutException:
+                break
+            assert message["type"] == "frame", f"the job ended while its frames were counted: {message}"
+            times.append(time.monotonic())
+        return times
 
 
 @dataclass
@@ -271,6 +352,7 @@ def test_a_postgresql_restart_fails_the_running_job_and_serve_carries_on_then_st
     earlier = assert_ran_to_success(store, dashboard.launch(**job_params(increments=20)), 20)
     victim = dashboard.launch(**job_params())
     wait_until(lambda: store.running_with_events(victim), 15, "the job running")
+    store.checkpoint()  # so the events seen are there after the crash, and the test has some to check
 
     restart_began = time.monotonic()
     postgres.restart()
@@ -363,3 +445,46 @@ def test_a_second_serve_on_the_same_data_folder_refuses_and_changes_nothing(serv
     assert store.job(running)["status"] == "running"
     assert_ran_to_success(store, running, 20)
     assert_ran_to_success(store, dashboard.launch(**job_params(increments=20)), 20)
+
+
+def test_after_a_postgresql_restart_live_frames_keep_their_pace_and_new_sockets_get_them(
+    serving: Serving, postgres: Postgres
+) -> None:
+    """The web server's channel layer listens again by itself: frames come as often as before, not at the poll's 1/s."""
+    served, store, dashboard = serving.served, serving.store, serving.dashboard
+    before = dashboard.launch(**job_params())
+    wait_until(lambda: store.running_with_events(before), 15, "the job running")
+    with Stream(served, dashboard, before, after=store.job(before)["last_seq"]) as stream:
+        rate_before = len(stream.frame_times()) / RATE_WINDOW_S
+    assert store.layer_listeners() == 1, "one listener, though a socket's first receives come in twos"
+
+    postgres.restart()  # the running job fails (another test's concern); the web server stays up
+    restarted = time.monotonic()
+    dashboard, _ = wait_until(lambda: signs_in_again(served), 15, "the dashboard answering")
+    after = dashboard.launch(**job_params())
+    with contextlib.ExitStack() as streams:
+        # The first sockets after the restart, opened while the job is still queued: each gets its hello.
+        first = [streams.enter_context(Stream(served, dashboard, after)) for _ in range(3)]
+        wait_until(lambda: store.running_with_events(after), 15, "the next job running")
+        with ThreadPoolExecutor(len(first)) as pool:
+            paced = max(pool.map(lambda stream: stream.at_pace(restarted + PACE_BOUND_S), first))
+            arrivals = list(pool.map(Stream.frame_times, first))
+        assert store.layer_listeners() == 1, "the listener is back, once"
+    rates = [len(times) / RATE_WINDOW_S for times in arrivals]
+    print(
+        f"\n[fault] PostgreSQL restarted: {rate_before:.1f} frames/s before, {', '.join(f'{r:.1f}' for r in rates)} "
+        f"after (ratios {', '.join(f'{r / rate_before:.2f}' for r in rates)}); at pace again "
+        f"{paced - restarted:.1f} s after the restart (bound {PACE_BOUND_S:g} s)"
+    )
+    assert rate_before > 3 / POLL_INTERVAL_S, "the layer, not the poll, brought the frames before the restart"
+    for rate in rates:
+        assert rate > 3 / POLL_INTERVAL_S, f"{rate:.1f} frames/s: the poll's pace, not the layer's"
+    assert "Exception inside application" not in served.output, "a socket failed inside Daphne"
+
+
+def signs_in_again(served: Served) -> Dashboard | None:
+    try:
+        dashboard = Dashboard(served.url, served.password)
+    except OSError:
+        return None
+    return dashboard if dashboard.signed_in else None

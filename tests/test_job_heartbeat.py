@@ -28,13 +28,15 @@ import pytest
 from django.db import connections
 from django.test import Client
 from django.utils import timezone
+from django_tasks_db.models import DBTaskResult
 
 from occviz.jobs.models import Event, Job
-from occviz.jobs.reaper import end_if_stale, end_stale_jobs
+from occviz.jobs.reaper import MAX_CLAIMS, end_if_stale, end_stale_jobs, hand_back_unstarted_jobs
 from occviz.jobs.runner import Heartbeat, run_job
-from occviz.jobs.tasks import create_job, launch
+from occviz.jobs.tasks import create_job, launch, run_job_task
 from occviz.live import fragments
 from occviz.live.jobstate import read_job_state
+from occviz.management.commands.worker import REAP_INTERVAL_S
 from occviz.store.models import Counter
 from tests.conftest import ROOT, manage
 
@@ -113,6 +115,26 @@ def stale_job(seconds_ago: float = 60, **fields: Any) -> Job:
         heartbeat_at=beat,
         **fields,
     )
+
+
+def at_once(reap: Callable[[], list[int]], reapers: int) -> list[int]:
+    """Call `reap` in `reapers` threads released together by a barrier; every id they returned."""
+    barrier = threading.Barrier(reapers)
+    results: list[list[int]] = []
+
+    def run() -> None:
+        try:
+            barrier.wait()
+            results.append(reap())
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=run) for _ in range(reapers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return [pk for result in results for pk in result]
 
 
 def assert_events_readable(job: Job) -> None:
@@ -220,22 +242,7 @@ def test_a_cancel_nobody_reads_ends_the_job_as_cancelled_with_the_reason() -> No
 
 def test_exactly_one_of_several_concurrent_reapers_ends_each_job() -> None:
     stale = {stale_job().pk for _ in range(20)}
-    barrier = threading.Barrier(8)
-    results: list[list[int]] = []
-
-    def reap() -> None:
-        try:
-            barrier.wait()
-            results.append(end_stale_jobs())
-        finally:
-            connections.close_all()
-
-    threads = [threading.Thread(target=reap) for _ in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    ended = [pk for result in results for pk in result]
+    ended = at_once(end_stale_jobs, reapers=8)
     assert sorted(ended) == sorted(stale), "every stale job ended, and by exactly one reaper"
     assert set(Job.objects.filter(pk__in=stale).values_list("status", flat=True)) == {Job.Status.FAILED}
 
@@ -270,6 +277,104 @@ def test_runjob_ends_the_stale_jobs_it_finds_at_its_start(run_manage) -> None:  
     assert result.returncode == 0, result.stderr
     job.refresh_from_db()
     assert job.status == Job.Status.FAILED
+
+
+# -- a job claimed but never started -------------------------------------------------------------
+
+
+def claimed_job(*worker_ids: str, seconds_ago: float = 60) -> tuple[Job, DBTaskResult]:
+    """A queued job whose task the workers claimed in turn, the last `seconds_ago`, none starting it."""
+    job = create_job("counter", {"strategy": "occ", "writers": 1, "increments": 5})
+    task = DBTaskResult.objects.get(pk=run_job_task.enqueue(job.pk).id)
+    task.status, task.worker_ids = "RUNNING", list(worker_ids)
+    task.started_at = timezone.now() - timedelta(seconds=seconds_ago)
+    task.save()
+    return job, task
+
+
+def test_a_job_claimed_by_a_worker_that_never_started_it_is_handed_back_to_the_queue_once() -> None:
+    job, task = claimed_job("w1")
+    _, young_task = claimed_job("w2", seconds_ago=0)
+    started, started_task = claimed_job("w3")
+    started.move(Job.Status.QUEUED, Job.Status.RUNNING, runner="w3", heartbeat_at=timezone.now())
+
+    assert hand_back_unstarted_jobs() == ([job.pk], [])
+    task.refresh_from_db()
+    job.refresh_from_db()
+    assert (task.status, task.started_at, task.worker_ids) == ("READY", None, ["w1"]), "ready for the next worker"
+    assert (job.status, job.error) == (Job.Status.QUEUED, "")
+    for left in (young_task, started_task):
+        left.refresh_from_db()
+        assert left.status == "RUNNING", "a claim younger than the timeout, and a started job's, are left"
+    assert hand_back_unstarted_jobs() == ([], []), "handed back once"
+
+
+def test_a_job_whose_every_claiming_worker_died_before_starting_it_is_failed_with_why() -> None:
+    job, task = claimed_job(*(f"w{number}" for number in range(1, MAX_CLAIMS + 1)))
+    assert hand_back_unstarted_jobs() == ([], [job.pk])
+    job.refresh_from_db()
+    task.refresh_from_db()
+    claimed = timezone.localtime(task.started_at)
+    assert job.status == Job.Status.FAILED and job.finished_at is not None
+    assert job.error == (
+        f"its workers stopped before starting it, {MAX_CLAIMS} times: claimed by w1, w2, w3, "
+        f"the last at {claimed:%H:%M:%S} UTC (60 s), and never started"
+    )
+    assert (task.status, task.traceback) == ("FAILED", job.error)
+    assert hand_back_unstarted_jobs() == ([], [])
+
+
+def test_exactly_one_of_several_concurrent_reapers_hands_back_each_unstarted_job() -> None:
+    unstarted = {claimed_job("w1")[0].pk for _ in range(10)}
+    handed_back = at_once(lambda: hand_back_unstarted_jobs()[0], reapers=6)
+    assert sorted(handed_back) == sorted(unstarted), "every one handed back, and by exactly one reaper"
+
+
+@pytest.mark.slow
+def test_a_worker_killed_between_claiming_and_starting_a_job_has_it_handed_back_and_run(  # type: ignore[no-untyped-def]
+    start_manage, database_url: str
+) -> None:
+    """The worker is held between its claim and the job's start by the test's lock on the jobs table, then killed."""
+    job = launch("counter", {"strategy": "occ", "writers": 1, "increments": 5})
+    tasks = DBTaskResult._meta.db_table
+    with psycopg.connect(database_url) as lock:
+        lock.execute("LOCK TABLE jobs_job IN ACCESS EXCLUSIVE MODE")  # no worker reads a job until it is released
+        w1 = start_manage("worker", "--no-reload", "--interval", "0.2", "--no-startup-delay", "--worker-id", "w1")
+
+        def held() -> bool:
+            [(status, worker_ids)] = lock.execute(
+                f"SELECT status, worker_ids FROM {tasks} WHERE args_kwargs #>> '{{args,0}}' = %s", [str(job.pk)]
+            ).fetchall()
+            # Its main thread, reading the job it claimed, and its reaper both wait for the lock.
+            [(waiting,)] = lock.execute(
+                "SELECT count(DISTINCT pid) FROM pg_locks WHERE relation = 'jobs_job'::regclass AND NOT granted"
+            ).fetchall()
+            return (status, worker_ids, waiting) == ("RUNNING", ["w1"], 2)
+
+        wait_for(held, timeout=30, what="w1 to claim the job and wait for it")
+        w1.send_signal(signal.SIGKILL)
+        w1.wait()
+        killed = time.monotonic()
+        lock.rollback()
+    job.refresh_from_db()
+    assert job.status == Job.Status.QUEUED, "claimed, never started"
+    assert hand_back_unstarted_jobs(timeout_s=60) == ([], []), "a claim younger than the timeout is left alone"
+
+    # Another worker's reaper hands the job back once the claim is a timeout old; then a worker runs it.
+    w2 = start_manage("worker", "--no-reload", "--interval", "0.2", "--no-startup-delay", "--worker-id", "w2")
+    wait_for(lambda: Job.objects.get(pk=job.pk).status != Job.Status.QUEUED, timeout=TIMEOUT_S + 10, what="a start")
+    # The claim's timeout, a reaper's interval, and a worker's start (Django's, slow on a busy machine) and claim.
+    bound_s, started_s = TIMEOUT_S + REAP_INTERVAL_S + 5, time.monotonic() - killed
+    print(
+        f"\n[fault] worker killed between claim and start: its job started {started_s:.2f} s after (bound {bound_s} s)"
+    )
+    assert started_s < bound_s
+    job = wait_for(lambda: Job.objects.filter(pk=job.pk, status__in=Job.FINISHED).first(), what="the job to end")
+    assert (job.status, job.runner, job.error) == (Job.Status.SUCCEEDED, f"worker:{HOST}:{w2.pid}", "")
+    # The worker records its task's end just after the job's.
+    task = wait_for(lambda: DBTaskResult.objects.filter(args_kwargs__args=[job.pk]).successful().first(), 5, "its task")
+    assert task.worker_ids == ["w1", "w2"]
+    assert f"job {job.pk} handed back to the queue: w1 claimed it at " in "".join(output(w2))
 
 
 # -- PostgreSQL restarted under a running job --------------------------------------------------

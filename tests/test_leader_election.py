@@ -14,11 +14,13 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.db import connection
+from django.db import connection, connections
 
 from occviz.jobs.context import JobContext
-from occviz.jobs.models import Job
+from occviz.jobs.models import Event, Job
 from occviz.jobs.recorder import EventRecorder
+from occviz.jobs.runner import run_job
+from occviz.jobs.tasks import create_job
 from occviz.scenarios.leader_election.actors import LeaderElection, TimedControl, create_objects, objects_of
 from occviz.scenarios.leader_election.connection import ReplicaConnection
 from occviz.scenarios.leader_election.elector import LeaderElectionConfig
@@ -32,6 +34,7 @@ from occviz.scenarios.leader_election.summary import (
     summarize,
 )
 from occviz.store.models import Counter, Lease
+from tests.test_job_heartbeat import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -482,6 +485,41 @@ def test_a_job_runs_the_election_through_its_context_and_summarizes_its_stored_e
     assert_safe(summary)
     for event in events:
         assert sentence(event)
+
+
+@pytest.mark.slow
+def test_a_jobs_duration_is_its_run_time_after_its_replicas_were_killed_and_others_added() -> None:
+    """The initial replicas end early (killed), an added one runs on: the summary's duration is the job's."""
+    seconds = 4.0
+    params = {"replicas": 2, "lease_duration": 1, "renew_deadline": 0.7, "retry_period": 0.2, "seconds": seconds}
+    job = create_job("leader-election", params)
+    ran: list[Job] = []
+
+    def run() -> None:
+        try:
+            ran.append(run_job(job.pk))
+        finally:
+            connections.close_all()
+
+    runner = threading.Thread(target=run)
+    runner.start()
+    try:
+        wait_for(lambda: Event.objects.filter(job=job, kind="acquired").exists(), what="a leader")
+        # As the job page's buttons ask: both replicas killed, then one added.
+        job.request_control("kill", actor=1)
+        job.request_control("kill", actor=2)
+        job.request_control("add")
+        wait_for(lambda: Event.objects.filter(job=job, kind__in=["killed", "added"]).count() == 3, what="the controls")
+    finally:
+        runner.join(timeout=30)
+    (job,) = ran
+    killed = Event.objects.filter(job=job, kind="killed").order_by("-seq").first()
+    assert killed is not None and killed.t_ms < 2000, "the initial replicas ended early"
+    assert Event.objects.filter(job=job, kind="acquired", actor=3).exists(), "the added replica led"
+    assert job.summary is not None and job.summary["replicas"] == 3
+    run_time_s = (job.finished_at - job.started_at).total_seconds()
+    assert seconds <= job.summary["duration_s"] < seconds + 0.5
+    assert job.summary["duration_s"] <= run_time_s
 
 
 def test_the_wording_of_failovers_and_stale_leaders() -> None:

@@ -76,7 +76,7 @@ async def layer(request: pytest.FixtureRequest, settings: Any) -> AsyncIterator[
         return
     settings.CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "channels_postgres.core.PostgresChannelLayer",
+            "BACKEND": "occviz.live.layer.ReconnectingPostgresChannelLayer",
             "CONFIG": {**connection.settings_dict, "TIME_ZONE": None},
         }
     }

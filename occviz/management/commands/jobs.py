@@ -5,8 +5,10 @@
     python manage.py jobs --limit 50
     python manage.py jobs cancel 7        # a queued job at once; a running one is asked to stop
 
-Before listing, running jobs whose runner died are ended (as every occviz process does), so
-the table never shows as running a job no one runs. Ages are measured by PostgreSQL's clock.
+Before listing, running jobs whose runner died are ended, and queued jobs whose worker died
+between claiming and starting them are handed back (as every occviz process does), so the
+table never shows as running a job no one runs, nor as queued one no worker will take.
+Ages are measured by PostgreSQL's clock.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connection
 
 from occviz.jobs.models import Job
-from occviz.jobs.reaper import end_if_stale, end_stale_jobs
+from occviz.jobs.reaper import end_if_stale, reap
 
 COLUMNS = ("ID", "SCENARIO", "STATUS", "RUNNER", "HEARTBEAT AGE", "AGE", "REASON", "VERDICT")
 REASON_WIDTH = 90
@@ -94,7 +96,7 @@ class Command(BaseCommand):
         if options["action"] == "cancel":
             self.cancel(options["job_id"])
             return
-        end_stale_jobs()
+        reap()
         jobs = list(Job.objects.order_by("-id")[: options["limit"]])
         with connection.cursor() as cursor:
             cursor.execute("SELECT now()")

@@ -29,7 +29,7 @@ from django import forms
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from occviz.jobs.models import Job
-from occviz.jobs.reaper import end_stale_jobs
+from occviz.jobs.reaper import reap
 from occviz.jobs.registry import ParamsError
 from occviz.jobs.runner import run_job, runner_id, stop_all_jobs
 from occviz.jobs.tasks import create_job
@@ -108,7 +108,7 @@ class Command(BaseCommand):
                     for field, messages in error.errors.items()
                 )
                 raise CommandError(f"invalid job: {flags}", returncode=2) from None
-            end_stale_jobs()  # this process notices dead runners too, as every occviz process does
+            reap()  # this process notices dead runners too, as every occviz process does
             job = run_job(job.pk, runner=runner_id("runjob"))
         if stopped_by:
             signum = stopped_by[0]
