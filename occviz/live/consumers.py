@@ -22,11 +22,11 @@ from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from occviz.live import fragments
-from occviz.live.dbthreads import read_for_handshake, read_history
+from occviz.live.dbthreads import read_history
 from occviz.live.feeds import JobFeed, subscribe, unsubscribe
 from occviz.live.frames import WireFrame, merge_runs, wire_text
 from occviz.live.history import history_pages
-from occviz.live.jobstate import JobState, read_job_state
+from occviz.live.jobstate import JobState, read_for_new_socket
 from occviz.live.memory import open_sockets
 
 # Close codes (4000-4999 are the application's own; see docs/live-protocol.md).
@@ -103,7 +103,7 @@ class JobEventsConsumer(RefusingConsumer):
             await self.refuse(CLOSE_NOT_SIGNED_IN, "not signed in: open the socket with your session cookie")
             return
         job_id = int(self.scope["url_route"]["kwargs"]["job_id"])
-        state = await read_for_handshake(read_job_state, job_id)
+        state = await read_for_new_socket(job_id)
         if state is None:
             await self.refuse(CLOSE_NOT_FOUND, f"job {job_id} does not exist")
             return
