@@ -198,9 +198,12 @@ class JobEventsConsumer(RefusingConsumer):
                 feed = self.feed
                 if feed is None or run[-1].html is None:
                     await self.send(text_data=wire_text(job_id, run))
-                    continue
-                await self.send(text_data=feed.encoded(run, html=self.html, whole=whole))
-                whole = False
+                else:
+                    await self.send(text_data=feed.encoded(run, html=self.html, whole=whole))
+                    whole = False
+                # A send never waits (the server buffers it), so a viewer catching up would send its whole
+                # history in one turn while the viewers following live wait: one message a turn, instead.
+                await asyncio.sleep(0)
         end = self.state.end()
         if self.html:
             feed = self.feed
