@@ -50,6 +50,7 @@ from occviz.bench.streaming import (
 from occviz.bench.wsclient import Closed, WsClient
 from occviz.jobs.models import Job
 from occviz.jobs.tasks import launch
+from occviz.tls import LISTEN_BACKLOG
 
 PAGE_QUERY = "?after=0&html=1"
 HELLO_TARGET_MS = 2000.0
@@ -83,9 +84,9 @@ def class_arrival_bench(
     env = {**os.environ, "DATABASE_URL": database_url or current_database_url()}
     asyncio.run(check_layer())
     cookie = session_cookie()
-    listening = socket.create_server(("127.0.0.1", 0), backlog=1024)
+    # The web processes listen as serve's does (its backlog); several share one socket (Daphne's --fd).
+    listening = socket.create_server(("127.0.0.1", 0), backlog=LISTEN_BACKLOG)
     port = listening.getsockname()[1]
-    # Every web process accepts from the one listening socket (Daphne's --fd), as on a server with more of them.
     servers = [
         subprocess.Popen(
             [sys.executable, "-m", "daphne", "--fd", str(listening.fileno()), "occviz.asgi:application"],
