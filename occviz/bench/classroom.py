@@ -4,7 +4,8 @@
     figures = class_arrival_bench(None, sockets=300, reopen=200, seconds=20)
 
 (`database_url=None` uses the database of the current settings.) A real Daphne on a free port
-of 127.0.0.1 and a `db_worker` run an `occ` counter race of `seconds`. Once the job runs,
+of 127.0.0.1, listening as serve's does (its backlog; `web_processes` of them accepting from the
+one socket), and a `db_worker` run an `occ` counter race of `seconds`. Once the job runs,
 `sockets` clients open the job page's socket (`?after=0&html=1`, signed in, with an Origin) at
 once. After `seconds / 4`, `reopen` of them leave (half with a close frame, half by dropping
 the connection, as a closed laptop does) and open the page again from seq 0, at once; the

@@ -20,7 +20,8 @@ connections while they are open and after they dropped.
 
 class: a class arriving (`occviz.bench.classroom.class_arrival_bench`): 300 job pages open at
 once on one live job, 200 of them drop and reopen from seq 0 (`--class-sockets`,
-`--class-reopen`); hello times, the staying pages' latency, and the web server's memory.
+`--class-reopen`); hello times, the staying pages' latency, and the web server's memory
+(`--class-web-processes`: served by several Daphne processes on one listening socket).
 
 `--part` picks the parts (`--part streaming browser`); all six run by default.
 
@@ -225,8 +226,8 @@ class Command(BaseCommand):
         hello, latency, memory = figures["hello_ms"], figures["latency_ms"], figures["memory_mb"]
         self.stdout.write(
             f"\nA class arriving: {figures['sockets']} job pages open at once on one live job "
-            f"(served by {figures['web_processes']} web process(es)) "
-            f"({figures['seconds']:g} s, {figures['events']} events); {figures['reopen']} drop and reopen from seq 0\n"
+            f"({figures['seconds']:g} s, {figures['events']} events, {figures['web_processes']} web process(es)); "
+            f"{figures['reopen']} drop and reopen from seq 0\n"
             f"  hello: median {hello['median']} ms, p95 {hello['p95']} ms, max {hello['max']} ms "
             f"(reopened: max {hello['reopened_max']} ms); within {hello['target']:g} ms: {hello['within_target']}; "
             f"refused: {figures['refused_count']}\n"
