@@ -333,6 +333,29 @@ async def test_viewers_asking_for_the_same_page_share_one_read(monkeypatch: pyte
 
 
 @pytest.mark.asyncio
+async def test_sockets_opening_one_job_at_once_share_one_read_of_its_row(monkeypatch: pytest.MonkeyPatch) -> None:
+    from occviz.live import jobstate
+
+    job = await sync_to_async(long_finished_job)(600)
+    reads: list[int] = []
+    read_job_state = jobstate.read_job_state
+
+    def counted(job_id: int) -> Any:
+        reads.append(job_id)
+        return read_job_state(job_id)
+
+    monkeypatch.setattr(jobstate, "read_job_state", counted)
+    states = await asyncio.gather(*(jobstate.read_for_new_socket(job.pk) for _ in range(50)))
+    assert reads == [job.pk] and all(state is states[0] for state in states)
+    assert states[0] is not None and (states[0].last_seq, states[0].status) == (job.last_seq, job.status)
+    assert states[0].vocabulary is states[1].vocabulary, "the hello's vocabulary built once for them"
+    # A socket that comes once the read has ended reads the row afresh; a job that does not exist is None.
+    again = await jobstate.read_for_new_socket(job.pk)
+    assert again is not states[0] and reads == [job.pk, job.pk]
+    assert await jobstate.read_for_new_socket(job.pk + 10_000) is None
+
+
+@pytest.mark.asyncio
 async def test_a_page_nobody_waits_for_any_more_is_not_read(monkeypatch: pytest.MonkeyPatch) -> None:
     from occviz.live import history
     from occviz.live.frames import JobInfo

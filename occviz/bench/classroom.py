@@ -4,7 +4,8 @@
     figures = class_arrival_bench(None, sockets=300, reopen=200, seconds=20)
 
 (`database_url=None` uses the database of the current settings.) A real Daphne on a free port
-of 127.0.0.1 and a `db_worker` run an `occ` counter race of `seconds`. Once the job runs,
+of 127.0.0.1, listening as serve's does (its backlog; `web_processes` of them accepting from the
+one socket), and a `db_worker` run an `occ` counter race of `seconds`. Once the job runs,
 `sockets` clients open the job page's socket (`?after=0&html=1`, signed in, with an Origin) at
 once. After `seconds / 4`, `reopen` of them leave (half with a close frame, half by dropping
 the connection, as a closed laptop does) and open the page again from seq 0, at once; the
@@ -26,6 +27,7 @@ import asyncio
 import contextlib
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -40,7 +42,6 @@ from occviz.bench.streaming import (
     Viewer,
     check_layer,
     current_database_url,
-    free_port,
     latencies_ms,
     percentile,
     session_cookie,
@@ -50,6 +51,7 @@ from occviz.bench.streaming import (
 from occviz.bench.wsclient import Closed, WsClient
 from occviz.jobs.models import Job
 from occviz.jobs.tasks import launch
+from occviz.tls import LISTEN_BACKLOG
 
 PAGE_QUERY = "?after=0&html=1"
 HELLO_TARGET_MS = 2000.0
@@ -70,30 +72,45 @@ class Arrival:
 
 
 def class_arrival_bench(
-    database_url: str | None = None, *, sockets: int = 300, reopen: int = 200, seconds: float = 20.0, writers: int = 4
+    database_url: str | None = None,
+    *,
+    sockets: int = 300,
+    reopen: int = 200,
+    seconds: float = 20.0,
+    writers: int = 4,
+    web_processes: int = 1,
 ) -> dict[str, Any]:
     if not 0 <= reopen <= sockets:
         raise ValueError("reopen must be between 0 and sockets")
     env = {**os.environ, "DATABASE_URL": database_url or current_database_url()}
     asyncio.run(check_layer())
     cookie = session_cookie()
-    port = free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "occviz.asgi:application"],
-        cwd=settings.BASE_DIR,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    # The web processes listen as serve's does (its backlog); several share one socket (Daphne's --fd).
+    listening = socket.create_server(("127.0.0.1", 0), backlog=LISTEN_BACKLOG)
+    port = listening.getsockname()[1]
+    servers = [
+        subprocess.Popen(
+            [sys.executable, "-m", "daphne", "--fd", str(listening.fileno()), "occviz.asgi:application"],
+            cwd=settings.BASE_DIR,
+            env=env,
+            pass_fds=[listening.fileno()],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for _ in range(web_processes)
+    ]
     try:
         wait_for_port(port)
-        process = psutil.Process(server.pid)
+        processes = [psutil.Process(server.pid) for server in servers]
         params = {"strategy": "occ", "writers": writers, "seconds": seconds, "max_attempts": 1000}
-        job, arrival, memory = asyncio.run(_arrive(env, params, port, cookie, process, sockets, reopen))
+        job, arrival, memory = asyncio.run(_arrive(env, params, port, cookie, processes, sockets, reopen))
     finally:
-        server.terminate()
-        server.wait(30)
-    return _figures(job, arrival, memory, sockets=sockets, reopen=reopen, seconds=seconds)
+        listening.close()
+        for server in servers:
+            server.terminate()
+        for server in servers:
+            server.wait(30)
+    return _figures(job, arrival, memory, sockets=sockets, reopen=reopen, seconds=seconds, web_processes=web_processes)
 
 
 async def _arrive(
@@ -101,7 +118,7 @@ async def _arrive(
     params: dict[str, Any],
     port: int,
     cookie: str,
-    server: psutil.Process,
+    server: list[psutil.Process],
     sockets: int,
     reopen: int,
 ) -> tuple[Job, Arrival, dict[str, float]]:
@@ -203,15 +220,16 @@ async def _follow(client: WsClient, viewer: Viewer) -> None:
         client.writer.close()
 
 
-async def _sample_memory(server: psutil.Process, samples: list[float]) -> None:
+async def _sample_memory(server: list[psutil.Process], samples: list[float]) -> None:
     while True:
         with contextlib.suppress(psutil.Error):
             samples.append(_rss_mb(server))
         await asyncio.sleep(0.25)
 
 
-def _rss_mb(server: psutil.Process) -> float:
-    return round(server.memory_info().rss / 2**20, 1)
+def _rss_mb(servers: list[psutil.Process]) -> float:
+    """The web processes' resident memory, together."""
+    return round(sum(server.memory_info().rss for server in servers) / 2**20, 1)
 
 
 def _figures(job: Job, arrival: Arrival, memory: dict[str, float], **run: Any) -> dict[str, Any]:

@@ -17,20 +17,27 @@ from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import parse_qs
 
+from channels.consumer import get_handler_name
+from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from occviz.live import fragments
-from occviz.live.dbthreads import read_for_handshake, read_history
+from occviz.live.dbthreads import read_history
 from occviz.live.feeds import JobFeed, subscribe, unsubscribe
 from occviz.live.frames import WireFrame, merge_runs, wire_text
 from occviz.live.history import history_pages
-from occviz.live.jobstate import JobState, read_job_state
+from occviz.live.jobstate import JobState, read_for_new_socket
 from occviz.live.memory import open_sockets
 
 # Close codes (4000-4999 are the application's own; see docs/live-protocol.md).
 CLOSE_NOT_SIGNED_IN = 4401
 CLOSE_NOT_FOUND = 4404
 CLOSE_BAD_REQUEST = 4400
+
+# No socket has a channel of its own: its job's feed is the one member of the job's group in this process.
+# (With the PostgreSQL layer, a socket's channel cost a database round trip for its advisory lock at every
+# handshake, and a queue and a lock entry that outlived it.) Channels takes a layer alias it does not know as none.
+NO_CHANNEL_LAYER = "occviz-sockets-have-no-channel"
 
 MAX_CLIENT_MESSAGE = 1000  # characters: anything longer is not a message this protocol knows
 # A close frame carries at most 125 bytes, 2 of them the code: a longer reason is cut (the error message has it whole).
@@ -39,6 +46,23 @@ MAX_CLOSE_REASON = 123
 
 class RefusingConsumer(AsyncJsonWebsocketConsumer):
     """A socket that may refuse after accepting: the client reads why in an error message and in the close."""
+
+    channel_layer_alias = NO_CHANNEL_LAYER
+
+    # Channels' own dispatch and disconnect first run `close_old_connections` in the one thread that
+    # every socket shares, for each message: each handshake and each close waited there behind the
+    # feeds' reads. Every database call of these sockets closes its connection as it should already
+    # (`database_sync_to_async` around each call, occviz/live/dbthreads.py's threads their own).
+
+    async def dispatch(self, message: dict[str, Any]) -> None:
+        handler = getattr(self, get_handler_name(message), None)
+        if handler is None:
+            raise ValueError(f"no handler for message type {message['type']}")
+        await handler(message)
+
+    async def websocket_disconnect(self, message: dict[str, Any]) -> None:
+        await self.disconnect(message["code"])
+        raise StopConsumer()
 
     async def refuse(self, code: int, reason: str) -> None:
         await self.send_json({"type": "error", "code": code, "error": reason})
@@ -79,7 +103,7 @@ class JobEventsConsumer(RefusingConsumer):
             await self.refuse(CLOSE_NOT_SIGNED_IN, "not signed in: open the socket with your session cookie")
             return
         job_id = int(self.scope["url_route"]["kwargs"]["job_id"])
-        state = await read_for_handshake(read_job_state, job_id)
+        state = await read_for_new_socket(job_id)
         if state is None:
             await self.refuse(CLOSE_NOT_FOUND, f"job {job_id} does not exist")
             return
@@ -174,9 +198,12 @@ class JobEventsConsumer(RefusingConsumer):
                 feed = self.feed
                 if feed is None or run[-1].html is None:
                     await self.send(text_data=wire_text(job_id, run))
-                    continue
-                await self.send(text_data=feed.encoded(run, html=self.html, whole=whole))
-                whole = False
+                else:
+                    await self.send(text_data=feed.encoded(run, html=self.html, whole=whole))
+                    whole = False
+                # A send never waits (the server buffers it), so a viewer catching up would send its whole
+                # history in one turn while the viewers following live wait: one message a turn, instead.
+                await asyncio.sleep(0)
         end = self.state.end()
         if self.html:
             feed = self.feed

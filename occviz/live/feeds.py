@@ -75,14 +75,20 @@ class JobFeed:
         return self.state.finished and self._reader.position >= self.state.last_seq
 
     def frames_after(self, position: int) -> list[WireFrame]:
-        """The window's frames after `position`, contiguous from position + 1 (cut if one starts earlier)."""
+        """The window's frames after `position`, contiguous from position + 1 (cut if one starts earlier).
+
+        Looked for from the newest frame back: a viewer is usually a frame or two behind, and every
+        viewer asks at every frame, so the cost is what it is sent, not the window's length.
+        """
         found: list[WireFrame] = []
-        for frame in self.frames:
+        for frame in reversed(self.frames):
             if frame.seq_to <= position:
-                continue
-            if not found and frame.seq_from > position + 1:
-                return []  # the window starts later: the viewer reads the store first
-            found.append(frame.after(position) if not found else frame)
+                break
+            found.append(frame)
+        if not found or found[-1].seq_from > position + 1:
+            return []  # nothing new, or the window starts later: the viewer reads the store first
+        found.reverse()
+        found[0] = found[0].after(position)
         return found
 
     def encoded(self, parts: list[WireFrame], *, html: bool = False, whole: bool = False) -> str:

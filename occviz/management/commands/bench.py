@@ -20,7 +20,8 @@ connections while they are open and after they dropped.
 
 class: a class arriving (`occviz.bench.classroom.class_arrival_bench`): 300 job pages open at
 once on one live job, 200 of them drop and reopen from seq 0 (`--class-sockets`,
-`--class-reopen`); hello times, the staying pages' latency, and the web server's memory.
+`--class-reopen`); hello times, the staying pages' latency, and the web server's memory
+(`--class-web-processes`: served by several Daphne processes on one listening socket).
 
 `--part` picks the parts (`--part streaming browser`); all six run by default.
 
@@ -112,6 +113,9 @@ class Command(BaseCommand):
         )
         parser.add_argument("--class-seconds", type=float, default=20.0, help="class: how long the watched job runs")
         parser.add_argument(
+            "--class-web-processes", type=int, default=1, help="class: web server processes on the one listening socket"
+        )
+        parser.add_argument(
             "--part", nargs="+", choices=["all", *PARTS], default=["all"], help="the parts to run (default: all)"
         )
         parser.add_argument("--json", action="store_true", help="print the figures as JSON")
@@ -129,11 +133,12 @@ class Command(BaseCommand):
             and 1 <= options["class_sockets"] <= 1000
             and 0 <= options["class_reopen"] <= options["class_sockets"]
             and 4 <= options["class_seconds"] <= 120
+            and 1 <= options["class_web_processes"] <= 8
         ):
             raise CommandError(
                 "--writers 1..64, --seconds 1..120, --rounds 1..10, --viewers and --pages 1..500, "
                 "--failover-runs 1..200, --watches 1..500, --class-sockets 1..1000, "
-                "--class-reopen 0..--class-sockets, --class-seconds 4..120",
+                "--class-reopen 0..--class-sockets, --class-seconds 4..120, --class-web-processes 1..8",
                 returncode=2,
             )
         parts = PARTS if "all" in options["part"] else [part for part in PARTS if part in options["part"]]
@@ -166,6 +171,7 @@ class Command(BaseCommand):
                 reopen=options["class_reopen"],
                 seconds=options["class_seconds"],
                 writers=writers,
+                web_processes=options["class_web_processes"],
             )
         if options["json"]:
             self.stdout.write(json.dumps(figures))
@@ -220,7 +226,8 @@ class Command(BaseCommand):
         hello, latency, memory = figures["hello_ms"], figures["latency_ms"], figures["memory_mb"]
         self.stdout.write(
             f"\nA class arriving: {figures['sockets']} job pages open at once on one live job "
-            f"({figures['seconds']:g} s, {figures['events']} events); {figures['reopen']} drop and reopen from seq 0\n"
+            f"({figures['seconds']:g} s, {figures['events']} events, {figures['web_processes']} web process(es)); "
+            f"{figures['reopen']} drop and reopen from seq 0\n"
             f"  hello: median {hello['median']} ms, p95 {hello['p95']} ms, max {hello['max']} ms "
             f"(reopened: max {hello['reopened_max']} ms); within {hello['target']:g} ms: {hello['within_target']}; "
             f"refused: {figures['refused_count']}\n"

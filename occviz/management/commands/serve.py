@@ -41,7 +41,7 @@ from occviz.jobs.retention import prune_events
 from occviz.management.schema import apply_migrations
 from occviz.store.kinds import KINDS
 from occviz.supervisor import AlreadyServing, Child, ServeAddress, ServeLock, Supervisor
-from occviz.tls import TlsFiles, daphne_endpoint, fingerprint, tls_files
+from occviz.tls import TlsFiles, daphne_endpoint, fingerprint, http_endpoint, tls_files
 
 MANAGE = str(Path(settings.BASE_DIR) / "manage.py")
 DEMO_USER = "demo"
@@ -195,7 +195,7 @@ class Command(BaseCommand):
         https = ["-e", daphne_endpoint(tls, host, tls_port)] if tls else []
         web = supervisor.add(
             "web server",
-            [sys.executable, "-m", "daphne", "-b", host, "-p", str(port), *https, "occviz.asgi:application"],
+            [sys.executable, "-m", "daphne", "-e", http_endpoint(host, port), *https, "occviz.asgi:application"],
             env={**environ, "PGAPPNAME": f"{runners}web"},
         )
         supervisor.start()
