@@ -27,15 +27,11 @@ import asyncio
 import contextlib
 import json
 import os
-import socket
-import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import psutil
-from django.conf import settings
 
 from occviz.bench.streaming import (
     SEQ_RANGE,
@@ -46,12 +42,11 @@ from occviz.bench.streaming import (
     percentile,
     session_cookie,
     start_worker,
-    wait_for_port,
+    web_servers,
 )
 from occviz.bench.wsclient import Closed, WsClient
 from occviz.jobs.models import Job
 from occviz.jobs.tasks import launch
-from occviz.tls import LISTEN_BACKLOG
 
 PAGE_QUERY = "?after=0&html=1"
 HELLO_TARGET_MS = 2000.0
@@ -85,31 +80,10 @@ def class_arrival_bench(
     env = {**os.environ, "DATABASE_URL": database_url or current_database_url()}
     asyncio.run(check_layer())
     cookie = session_cookie()
-    # The web processes listen as serve's does (its backlog); several share one socket (Daphne's --fd).
-    listening = socket.create_server(("127.0.0.1", 0), backlog=LISTEN_BACKLOG)
-    port = listening.getsockname()[1]
-    servers = [
-        subprocess.Popen(
-            [sys.executable, "-m", "daphne", "--fd", str(listening.fileno()), "occviz.asgi:application"],
-            cwd=settings.BASE_DIR,
-            env=env,
-            pass_fds=[listening.fileno()],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        for _ in range(web_processes)
-    ]
-    try:
-        wait_for_port(port)
+    with web_servers(env, web_processes) as (port, servers):
         processes = [psutil.Process(server.pid) for server in servers]
         params = {"strategy": "occ", "writers": writers, "seconds": seconds, "max_attempts": 1000}
         job, arrival, memory = asyncio.run(_arrive(env, params, port, cookie, processes, sockets, reopen))
-    finally:
-        listening.close()
-        for server in servers:
-            server.terminate()
-        for server in servers:
-            server.wait(30)
     return _figures(job, arrival, memory, sockets=sockets, reopen=reopen, seconds=seconds, web_processes=web_processes)
 
 

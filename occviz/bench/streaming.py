@@ -36,6 +36,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,7 @@ from django.db import connection
 
 from occviz.jobs.models import Event, Job
 from occviz.jobs.tasks import launch
+from occviz.tls import LISTEN_BACKLOG
 
 SEQ_RANGE = re.compile(rb'"seq_from":(\d+),"seq_to":(\d+)')
 
@@ -85,16 +87,7 @@ def streaming_bench(
     env = {**os.environ, "DATABASE_URL": database_url or current_database_url()}
     asyncio.run(check_layer())
     cookie = session_cookie()
-    port = free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "occviz.asgi:application"],
-        cwd=settings.BASE_DIR,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        wait_for_port(port)
+    with web_servers(env) as (port, _):
         params = {"strategy": "occ", "writers": writers, "seconds": seconds, "max_attempts": 1000}
         # Rounds alternate, so a noisy machine slows both sides alike.
         alone: list[float] = []
@@ -109,9 +102,6 @@ def streaming_bench(
             latencies.extend(latencies_ms(job, received))
             complete += sum(viewer.complete(job.last_seq, html=html) for viewer in received)
             decoded_ok += decoded == list(range(1, job.last_seq + 1))
-    finally:
-        server.terminate()
-        server.wait(30)
     commits_alone = statistics.median(alone)
     commits_watched = statistics.median(watched)
     return {
@@ -181,10 +171,34 @@ def session_cookie() -> str:
     return f"{settings.SESSION_COOKIE_NAME}={session.session_key}"
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+@contextlib.contextmanager
+def web_servers(env: dict[str, str], processes: int = 1) -> Iterator[tuple[int, list[subprocess.Popen[bytes]]]]:
+    """`processes` Daphnes serving occviz on one listening socket, as serve listens (its backlog): (port, servers).
+
+    Several share the socket (Daphne's --fd); they are stopped when the block ends.
+    """
+    listening = socket.create_server(("127.0.0.1", 0), backlog=LISTEN_BACKLOG)
+    port = int(listening.getsockname()[1])
+    servers = [
+        subprocess.Popen(
+            [sys.executable, "-m", "daphne", "--fd", str(listening.fileno()), "occviz.asgi:application"],
+            cwd=settings.BASE_DIR,
+            env=env,
+            pass_fds=[listening.fileno()],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for _ in range(processes)
+    ]
+    try:
+        wait_for_port(port)
+        yield port, servers
+    finally:
+        listening.close()
+        for server in servers:
+            server.terminate()
+        for server in servers:
+            server.wait(30)
 
 
 def wait_for_port(port: int, timeout: float = 30) -> None:

@@ -22,17 +22,14 @@ from __future__ import annotations
 import asyncio
 import os
 import statistics
-import subprocess
-import sys
 import time
 from typing import Any
 
-from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import connection
 
 from occviz.api.models import ApiToken
-from occviz.bench.streaming import current_database_url, free_port, session_cookie, wait_for_port
+from occviz.bench.streaming import current_database_url, session_cookie, web_servers
 from occviz.jobs.tasks import database_max_connections
 from occviz.store.models import Lease
 
@@ -55,28 +52,16 @@ def watches_bench(
     token = _token()
     cookie = session_cookie()
     _leases()
-    port = free_port()
     server_env = {
         **os.environ,
         "DATABASE_URL": database_url or current_database_url(),
         "PGAPPNAME": APP_NAME,
         **(env or {}),
     }
-    server = subprocess.Popen(
-        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "occviz.asgi:application"],
-        cwd=settings.BASE_DIR,
-        env=server_env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
     runs: list[dict[str, Any]] = []
-    try:
-        wait_for_port(port)
+    with web_servers(server_env) as (port, _):
         for _ in range(rounds):
             runs.append(asyncio.run(_round(port, token, cookie, watches, samples, settle_s)))
-    finally:
-        server.terminate()
-        server.wait(30)
     return {
         "watches": watches,
         "samples": samples,
