@@ -78,7 +78,8 @@ def test_tls_port_0_serves_http_alone_and_makes_no_certificate(database_url: str
     try:
         served.started()
         [web] = [child for child in served.children() if child.cmdline()[1:3] == ["-m", "daphne"]]
-        assert "-e" not in web.cmdline()
+        endpoints = [arg for arg in web.cmdline() if arg.startswith(("tcp:", "ssl:"))]
+        assert len(endpoints) == 1 and endpoints[0].startswith("tcp:"), web.cmdline()  # plain HTTP, no TLS endpoint
         assert "HTTPS" not in served.output
         assert not (tmp_path / tls.TLS_DIR).exists()
         refused = manage("kubeconfig", "demo", env=serve_environment(database_url, tmp_path))
