@@ -134,12 +134,9 @@ async def _page(
 ) -> None:
     """One job page: open, follow; with `leave`, drop when it is set and open again from seq 0, to the end."""
     path = f"/ws/jobs/{job_id}/events/{PAGE_QUERY}"
-    try:
-        client, elapsed = await _open(port, path, cookie)
-    except Exception as error:
-        arrival.refused.append(f"{type(error).__name__}: {error}")
+    client = await _arrive_at(port, path, cookie, arrival, arrival.hellos_ms)
+    if client is None:
         return
-    arrival.hellos_ms.append(elapsed)
     first = Viewer()
     if leave is None:
         arrival.stayed.append(first)
@@ -154,15 +151,23 @@ async def _page(
         client.abort()
     else:
         await client.close()
+    client = await _arrive_at(port, path, cookie, arrival, arrival.reopened_hellos_ms)
+    if client is None:
+        return
+    again = Viewer()
+    arrival.reopened.append(again)
+    await _follow(client, again)
+
+
+async def _arrive_at(port: int, path: str, cookie: str, arrival: Arrival, hellos_ms: list[float]) -> WsClient | None:
+    """A page's socket, its hello time added to `hellos_ms`; None, with why in `arrival.refused`, if refused."""
     try:
         client, elapsed = await _open(port, path, cookie)
     except Exception as error:
         arrival.refused.append(f"{type(error).__name__}: {error}")
-        return
-    arrival.reopened_hellos_ms.append(elapsed)
-    again = Viewer()
-    arrival.reopened.append(again)
-    await _follow(client, again)
+        return None
+    hellos_ms.append(elapsed)
+    return client
 
 
 async def _open(port: int, path: str, cookie: str) -> tuple[WsClient, float]:
