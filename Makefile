@@ -6,6 +6,8 @@ PORT ?= 8000
 # HTTPS for kubectl (python manage.py kubeconfig <user>); 0: none.
 TLS_PORT ?= 8443
 WORKERS ?= 2
+# Web server processes sharing the HTTP port (a class's sockets spread over them).
+WEB_PROCESSES ?= 1
 VENV := .venv
 PY := $(VENV)/bin/python
 
@@ -23,7 +25,7 @@ $(VENV)/.installed: requirements.txt
 	touch $@
 
 run: $(VENV)/.installed
-	$(PY) manage.py serve --host $(HOST) --port $(PORT) --tls-port $(TLS_PORT) --workers $(WORKERS)
+	$(PY) manage.py serve --host $(HOST) --port $(PORT) --tls-port $(TLS_PORT) --workers $(WORKERS) --web-processes $(WEB_PROCESSES)
 
 test: $(VENV)/.installed lint typecheck
 	$(PY) manage.py makemigrations --check --dry-run

@@ -58,33 +58,34 @@ class Reserve:
     reserved: int
     workers: int
     layer_on_postgres: bool
+    web_processes: int = 1
 
     def parts(self) -> dict[str, int]:
-        """Each bounded part outside the jobs and the web server's pool, and its connections."""
+        """Each bounded part outside the jobs and the web servers' pools, and its connections."""
         layer = LAYER_POOL if self.layer_on_postgres else 0
         web_layer = WEB_LAYER_POOL + LAYER_LISTENER + LAYER_ALIAS if self.layer_on_postgres else 0
         return {
             "serve": SERVE_OWN,
             "workers": self.workers * (WORKER_OWN + layer),
-            "web server's channel layer": web_layer,
+            "web servers' channel layers": self.web_processes * web_layer,
             "manage.py commands": TOOLS,
         }
 
     @property
     def web_pool(self) -> int:
-        """The most connections the web server's Django pool opens: what the other parts leave."""
-        return self.reserved - sum(self.parts().values())
+        """The most connections each web server process's Django pool opens: its share of what the other parts leave."""
+        return (self.reserved - sum(self.parts().values())) // self.web_processes
 
     def problem(self) -> str:
         """Why this reserve is too small ("" if it is not)."""
         if self.web_pool >= MIN_WEB_POOL:
             return ""
-        needed = self.reserved - self.web_pool + MIN_WEB_POOL
+        needed = sum(self.parts().values()) + self.web_processes * MIN_WEB_POOL
         shares = ", ".join(f"{name} {count}" for name, count in self.parts().items())
         return (
-            f"OCCVIZ_RESERVED_CONNECTIONS={self.reserved} is too few for the web server and {self.workers} "
-            f"worker(s) (OCCVIZ_WORKERS): {shares}, leaving the web server's pool {self.web_pool}, "
-            f"under its minimum of {MIN_WEB_POOL}. Reserve at least {needed}."
+            f"OCCVIZ_RESERVED_CONNECTIONS={self.reserved} is too few for {self.web_processes} web server process(es) "
+            f"(OCCVIZ_WEB_PROCESSES) and {self.workers} worker(s) (OCCVIZ_WORKERS): {shares}, leaving each web "
+            f"server's pool {self.web_pool}, under its minimum of {MIN_WEB_POOL}. Reserve at least {needed}."
         )
 
 

@@ -180,8 +180,12 @@ OCCVIZ_MAX_JOBS_PER_USER = envint("OCCVIZ_MAX_JOBS_PER_USER", 4, maximum=1_000)
 # Finished jobs' events are deleted this many days after they end (manage.py prune, serve daily); 0 keeps them.
 OCCVIZ_KEEP_DAYS = envint("OCCVIZ_KEEP_DAYS", 30, minimum=0, maximum=36_500)
 OCCVIZ_WORKERS = envint("OCCVIZ_WORKERS", 2, maximum=32)
-# What the reserve covers, each part bounded (occviz/connections.py); the web server's pool gets the rest.
-OCCVIZ_CONNECTION_RESERVE = Reserve(OCCVIZ_RESERVED_CONNECTIONS, OCCVIZ_WORKERS, layer_on_postgres=not REDIS_URL)
+# Web server (Daphne) processes accepting from serve's one listening socket: a class's sockets spread over them.
+OCCVIZ_WEB_PROCESSES = envint("OCCVIZ_WEB_PROCESSES", 1, maximum=8)
+# What the reserve covers, each part bounded (occviz/connections.py); the web servers' pools share the rest.
+OCCVIZ_CONNECTION_RESERVE = Reserve(
+    OCCVIZ_RESERVED_CONNECTIONS, OCCVIZ_WORKERS, layer_on_postgres=not REDIS_URL, web_processes=OCCVIZ_WEB_PROCESSES
+)
 if OCCVIZ_PROCESS == "web":
     if OCCVIZ_CONNECTION_RESERVE.problem():
         raise ImproperlyConfigured(OCCVIZ_CONNECTION_RESERVE.problem())

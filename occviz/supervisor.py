@@ -50,6 +50,8 @@ class Child:
     name: str
     argv: list[str]
     env: dict[str, str]
+    pass_fds: tuple[int, ...] = ()
+    """Descriptors it inherits, each start: the listening socket the web servers share."""
     process: subprocess.Popen[bytes] | None = None
     started_at: float = 0.0
     restarts: int = 0
@@ -58,7 +60,9 @@ class Child:
 
     def start(self) -> None:
         # A session of its own: Ctrl-C reaches only serve, which stops the children in order.
-        self.process = subprocess.Popen(self.argv, env=self.env, start_new_session=True, preexec_fn=_die_with_parent)
+        self.process = subprocess.Popen(
+            self.argv, env=self.env, pass_fds=self.pass_fds, start_new_session=True, preexec_fn=_die_with_parent
+        )
         self.started_at = time.monotonic()
         self.restart_at = None
 
@@ -74,8 +78,8 @@ class Supervisor:
         self.say = say
         self.children: list[Child] = []
 
-    def add(self, name: str, argv: list[str], env: dict[str, str]) -> Child:
-        child = Child(name, argv, env)
+    def add(self, name: str, argv: list[str], env: dict[str, str], pass_fds: tuple[int, ...] = ()) -> Child:
+        child = Child(name, argv, env, pass_fds)
         self.children.append(child)
         return child
 

@@ -200,12 +200,25 @@ def test_each_process_names_its_connections_by_what_it_is() -> None:
     assert process_kind([]) == "python"
 
 
+def test_web_processes_share_what_the_other_parts_leave_each_with_its_own_channel_layer() -> None:
+    one, two = (Reserve(32, 2, layer_on_postgres=True, web_processes=n) for n in (1, 2))
+    assert one.web_pool == 32 - (3 + 2 * 3 + 6 + 3) == 14
+    assert two.web_pool == (32 - (3 + 2 * 3 + 2 * 6 + 3)) // 2 == 4
+    assert not two.problem()
+    three = Reserve(32, 2, layer_on_postgres=True, web_processes=3)
+    assert "too few for 3 web server process(es)" in three.problem()
+    assert "Reserve at least 42." in three.problem()  # 3 + 6 + 18 + 3, and 3 pools of 4
+
+
 def test_a_reserve_too_small_for_the_web_server_is_refused_before_anything_starts() -> None:
     # 8 workers: serve 3, the workers 8 x 3, the web server's channel layer 6, a command 3: 36 of 32.
     served = manage("serve", "--workers", "8", "--port", str(free_port()), "--tls-port", "0", timeout=60)
     assert served.returncode == 2, served.stderr
-    assert "OCCVIZ_RESERVED_CONNECTIONS=32 is too few for the web server and 8 worker(s)" in served.stderr
-    assert "leaving the web server's pool -4, under its minimum of 4. Reserve at least 40." in served.stderr
+    assert (
+        "OCCVIZ_RESERVED_CONNECTIONS=32 is too few for 1 web server process(es) (OCCVIZ_WEB_PROCESSES) "
+        "and 8 worker(s)" in served.stderr
+    )
+    assert "leaving each web server's pool -4, under its minimum of 4. Reserve at least 40." in served.stderr
     daphne = subprocess.run(
         [sys.executable, "-m", "daphne", "-p", str(free_port()), "occviz.asgi:application"],
         cwd=ROOT,
@@ -215,7 +228,7 @@ def test_a_reserve_too_small_for_the_web_server_is_refused_before_anything_start
         timeout=60,
     )
     assert daphne.returncode != 0
-    assert "OCCVIZ_RESERVED_CONNECTIONS=10 is too few for the web server and 2 worker(s)" in daphne.stderr
+    assert "OCCVIZ_RESERVED_CONNECTIONS=10 is too few for 1 web server process(es)" in daphne.stderr
 
 
 def test_the_watches_benchmark_times_gets_with_watches_open_and_counts_the_web_servers_connections(

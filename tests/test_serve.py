@@ -375,3 +375,44 @@ def test_a_shutdown_step_survives_a_connection_broken_under_it() -> None:
     with psycopg.connect(**connection.get_connection_params(), autocommit=True) as other:
         other.execute("SELECT pg_terminate_backend(%s)", [connection.connection.info.backend_pid])
     assert with_database(lambda: User.objects.count()) == 0
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_serve_with_two_web_processes_shares_the_port_and_keeps_answering_while_one_restarts(
+    database_url: str, tmp_path: Path, start_serve: Callable[..., Served]
+) -> None:
+    served = start_serve(serve_environment(database_url, tmp_path), workers=1, args=("--web-processes", "2"))
+    webs = [child for child in served.children() if child.cmdline()[1:3] == ["-m", "daphne"]]
+    assert len(webs) == 2, [child.cmdline() for child in served.children()]
+    # Only the first serves HTTPS; both accept from the one HTTP socket serve holds.
+    assert [any(arg.startswith("ssl:") for arg in web.cmdline()) for web in webs] == [True, False]
+
+    webs[0].kill()
+    # While the first waits out its backoff, the second answers every request on the shared port.
+    for _ in range(10):
+        with urllib.request.urlopen(f"{served.url}/accounts/login/", timeout=5) as response:
+            assert response.status == 200
+    served.wait_for(r"web server 1 \(pid \d+\) killed by SIGKILL")
+    served.wait_for(r"web server 1 started again")
+    again = [child for child in served.children() if child.cmdline()[1:3] == ["-m", "daphne"]]
+    assert len(again) == 2 and webs[1].pid in {child.pid for child in again}
+    output = served.stop(signal.SIGINT)
+    assert served.process.returncode == 0, output
+    assert "web server 1 1, web server 2 0" in output
+
+
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        (("--web-processes", "0"), "--web-processes 0: give between 1 and 8."),
+        (("--web-processes", "9"), "--web-processes 9: give between 1 and 8."),
+        (("--web-processes", "2", "--host", "::1"), "several web processes share an IPv4 socket only"),
+    ],
+)
+def test_serve_refuses_a_bad_number_of_web_processes(
+    args: tuple[str, ...], error: str, database_url: str, tmp_path: Path
+) -> None:
+    refused = manage("serve", *args, env=serve_environment(database_url, tmp_path))
+    assert refused.returncode == 2, refused.stderr
+    assert error in refused.stderr

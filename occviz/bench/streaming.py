@@ -175,7 +175,8 @@ def session_cookie() -> str:
 def web_servers(env: dict[str, str], processes: int = 1) -> Iterator[tuple[int, list[subprocess.Popen[bytes]]]]:
     """`processes` Daphnes serving occviz on one listening socket, as serve listens (its backlog): (port, servers).
 
-    Several share the socket (Daphne's --fd); they are stopped when the block ends.
+    Several share the socket (Daphne's --fd) and the reserve's web connections, as serve's
+    `--web-processes` do; they are stopped when the block ends.
     """
     listening = socket.create_server(("127.0.0.1", 0), backlog=LISTEN_BACKLOG)
     port = int(listening.getsockname()[1])
@@ -183,7 +184,7 @@ def web_servers(env: dict[str, str], processes: int = 1) -> Iterator[tuple[int, 
         subprocess.Popen(
             [sys.executable, "-m", "daphne", "--fd", str(listening.fileno()), "occviz.asgi:application"],
             cwd=settings.BASE_DIR,
-            env=env,
+            env={**env, "OCCVIZ_WEB_PROCESSES": str(processes)},
             pass_fds=[listening.fileno()],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

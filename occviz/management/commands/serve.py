@@ -22,7 +22,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +41,7 @@ from occviz.jobs.retention import prune_events
 from occviz.management.schema import apply_migrations
 from occviz.store.kinds import KINDS
 from occviz.supervisor import AlreadyServing, Child, ServeAddress, ServeLock, Supervisor
-from occviz.tls import TlsFiles, daphne_endpoint, fingerprint, http_endpoint, tls_files
+from occviz.tls import LISTEN_BACKLOG, TlsFiles, daphne_endpoint, fingerprint, http_endpoint, tls_files
 
 MANAGE = str(Path(settings.BASE_DIR) / "manage.py")
 DEMO_USER = "demo"
@@ -90,6 +90,24 @@ def host_port(host: str, port: int) -> str:
     return f"[{host.strip('[]')}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+@contextlib.contextmanager
+def shared_listener(host: str, port: int, web_processes: int) -> Iterator[socket.socket | None]:
+    """The HTTP socket several web processes accept from (Daphne's --fd), listening as serve listens; None for one.
+
+    One web process listens by itself, on IPv4 or IPv6 (Daphne's tcp endpoint).
+    """
+    if web_processes == 1:
+        yield None
+        return
+    try:
+        listener = socket.create_server((host, port), backlog=LISTEN_BACKLOG)
+    except OSError as error:
+        problem = error.strerror or str(error)
+        raise CommandError(f"Cannot listen on {host_port(host, port)}: {problem}.", returncode=2) from None
+    with listener:
+        yield listener
+
+
 def with_database[T](action: Callable[[], T]) -> T:
     """`action()`, again on a new connection if the first attempt met a broken one (PostgreSQL restarted)."""
     try:
@@ -114,9 +132,16 @@ class Command(BaseCommand):
             help=f"also serve HTTPS here, as kubectl needs (default {settings.OCCVIZ_TLS_PORT}; 0: no HTTPS)",
         )
         parser.add_argument("--workers", type=int, default=settings.OCCVIZ_WORKERS, help="job worker processes")
+        parser.add_argument(
+            "--web-processes",
+            type=int,
+            default=settings.OCCVIZ_WEB_PROCESSES,
+            help="web server processes sharing the HTTP port, a class's sockets spread over them (IPv4 only above 1)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         host, port, tls_port, workers = options["host"], options["port"], options["tls_port"], options["workers"]
+        web_processes = options["web_processes"]
         if not 1 <= port <= 65535:
             raise CommandError(f"--port {port} is not a TCP port (1-65535).", returncode=2)
         if not 0 <= tls_port <= 65535 or tls_port == port:
@@ -125,7 +150,20 @@ class Command(BaseCommand):
             )
         if not 1 <= workers <= 32:
             raise CommandError(f"--workers {workers}: give between 1 and 32 worker processes.", returncode=2)
-        reserve = Reserve(settings.OCCVIZ_RESERVED_CONNECTIONS, workers, layer_on_postgres=not settings.REDIS_URL)
+        if not 1 <= web_processes <= 8:
+            raise CommandError(f"--web-processes {web_processes}: give between 1 and 8.", returncode=2)
+        if web_processes > 1 and ":" in host:
+            raise CommandError(
+                f"--web-processes {web_processes} on {host}: several web processes share an IPv4 socket only; "
+                "give an IPv4 --host or one web process.",
+                returncode=2,
+            )
+        reserve = Reserve(
+            settings.OCCVIZ_RESERVED_CONNECTIONS,
+            workers,
+            layer_on_postgres=not settings.REDIS_URL,
+            web_processes=web_processes,
+        )
         if reserve.problem():
             raise CommandError(reserve.problem(), returncode=2)
         problems = public_bind_problems(host)
@@ -156,11 +194,22 @@ class Command(BaseCommand):
                     tls = tls_files()
                 except ImproperlyConfigured as error:
                     raise CommandError(f"Cannot serve HTTPS: {error}", returncode=2) from None
-            self._serve(host, port, address, workers, tls_port, tls)
+            with shared_listener(host, port, web_processes) as listener:
+                self._serve(host, port, address, workers, tls_port, tls, web_processes, listener)
         finally:
             lock.release()
 
-    def _serve(self, host: str, port: int, address: str, workers: int, tls_port: int, tls: TlsFiles | None) -> None:
+    def _serve(
+        self,
+        host: str,
+        port: int,
+        address: str,
+        workers: int,
+        tls_port: int,
+        tls: TlsFiles | None,
+        web_processes: int,
+        listener: socket.socket | None,
+    ) -> None:
         apply_migrations()
         ensure_demo_data()
         password = reset_demo_user()
@@ -178,8 +227,9 @@ class Command(BaseCommand):
         # Every job this serve's workers run records a runner starting with this, and only those
         # are cancelled when it stops: never a job of another serve, or of a separate runjob.
         runners = f"serve:{socket.gethostname()[:32]}.{os.getpid()}:"
-        # The web server sizes its connection pool from the reserve, which counts these workers' connections.
-        environ = {**os.environ, "OCCVIZ_WORKERS": str(workers)}
+        # Each web server sizes its connection pool from the reserve, which counts these workers' connections
+        # and shares the rest between the web processes.
+        environ = {**os.environ, "OCCVIZ_WORKERS": str(workers), "OCCVIZ_WEB_PROCESSES": str(web_processes)}
         supervisor = Supervisor(self._log)
         worker_children: list[Child] = []
         for number in range(1, workers + 1):
@@ -193,11 +243,19 @@ class Command(BaseCommand):
                 )
             )
         https = ["-e", daphne_endpoint(tls, host, tls_port)] if tls else []
-        web = supervisor.add(
-            "web server",
-            [sys.executable, "-m", "daphne", "-e", http_endpoint(host, port), *https, "occviz.asgi:application"],
-            env={**environ, "PGAPPNAME": f"{runners}web"},
-        )
+        web: list[Child] = []
+        for number in range(1, web_processes + 1):
+            # Several accept from one listening socket that serve holds (and hands again to one restarted);
+            # HTTPS, for kubectl and API clients rather than a class, is served by the first.
+            http = ["--fd", str(listener.fileno())] if listener else ["-e", http_endpoint(host, port)]
+            web.append(
+                supervisor.add(
+                    "web server" if web_processes == 1 else f"web server {number}",
+                    [sys.executable, "-m", "daphne", *http, *(https if number == 1 else []), "occviz.asgi:application"],
+                    env={**environ, "PGAPPNAME": f"{runners}web{number}"},
+                    pass_fds=(listener.fileno(),) if listener else (),
+                )
+            )
         supervisor.start()
         reaper = start_reaper(REAP_EVERY_S)
         pruner = threading.Thread(target=self._prune_daily, args=[stopping], name="pruner", daemon=True)
@@ -207,7 +265,8 @@ class Command(BaseCommand):
                 f"\noccviz is serving http://{address}/  (admin: http://{address}/admin/)\n"
                 f"Sign in as {DEMO_USER!r} with password {password!r}\n"
                 + (self._https_banner(host, tls_port, tls) if tls else "")
-                + f"{workers} job worker(s) running. Press Ctrl-C to stop.\n"
+                + f"{workers} job worker(s) and {web_processes} web server process(es) running. "
+                "Press Ctrl-C to stop.\n"
             )
             postgres = embedded.is_embedded(settings.DATA_DIR)
             next_postgres_check = 0.0
@@ -218,7 +277,7 @@ class Command(BaseCommand):
                     self._keep_postgres_up()
         finally:
             stopping.set()
-            self._shut_down(runners, supervisor, worker_children, [web], [reaper.stop, lambda: pruner.join(GRACE_S)])
+            self._shut_down(runners, supervisor, worker_children, web, [reaper.stop, lambda: pruner.join(GRACE_S)])
         self._say("occviz stopped.")
 
     @staticmethod
