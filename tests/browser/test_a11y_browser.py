@@ -35,6 +35,7 @@ from tests.test_lessons import ship
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db]
 
 AXE = Axe()
+SCREENS = ((1400, 900), (1280, 720))
 REPORTED = ("serious", "critical")
 
 
@@ -215,6 +216,15 @@ def test_every_chart_downloads_as_png_and_as_vector_svg_from_the_keyboard(site: 
             if name == "quota":
                 assert "used (charged)" in texts
     assert names == {"quota", "timeline", "rates"}
+    for width, height in SCREENS:
+        page.set_viewport_size({"width": width, "height": height})
+        page.wait_for_timeout(200)  # the charts redraw at the new width
+        page.evaluate("() => window.scrollTo(0, 0)")
+        page.screenshot(path=str(ARTIFACTS / f"job-top-{width}x{height}.png"))
+        charts.nth(1).scroll_into_view_if_needed()
+        page.screenshot(path=str(ARTIFACTS / f"job-charts-out-{width}x{height}.png"))
+        assert page.evaluate("() => document.documentElement.scrollWidth <= window.innerWidth")
+    page.set_viewport_size({"width": 1400, "height": 900})
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
@@ -281,3 +291,13 @@ def test_the_verdict_is_announced_when_a_job_ends(site: Site) -> None:
     announce = page.locator("[data-announce]")
     expect(announce).to_have_attribute("aria-live", "polite")
     expect(announce).to_contain_text("Invariant holds", timeout=20_000)
+
+
+def test_a_failover_is_announced_as_it_happens(site: Site) -> None:
+    """Last: it kills the running leader election's leader (the job runs on, another replica leads)."""
+    job_page("leader-election", "running")(site)
+    page = site.page
+    leader = page.locator("#live-state tr.leading").first.get_attribute("data-replica")
+    page.click(f'#actor-controls tr[data-actor-row="{leader}"] button[data-control="kill"]')
+    expect(page.locator("[data-announce]")).to_contain_text("acquired the lease", timeout=20_000)
+    expect(page.locator("[data-announce]")).not_to_contain_text(f"replica-{leader} acquired")
