@@ -11,8 +11,6 @@
   const TWO_PI = 2 * Math.PI;
   // A4's width less print.css's margins (186 mm), in CSS pixels.
   const PRINT_WIDTH = 703;
-  // A finished job's charts are copied for printing once their drawing has settled.
-  const PRINT_COPY_DELAY_MS = 300;
   const ALIGN = { left: "start", start: "start", center: "middle", right: "end", end: "end" };
   const BASELINE = { middle: "central", top: "text-before-edge", hanging: "hanging", bottom: "text-after-edge", ideographic: "ideographic" };
   // What each chart is called in its file's name and its buttons' labels, by its canvas's data attribute.
@@ -270,37 +268,28 @@
     wrap.after(tools);
   }
 
-  /** The chart drawn again at the sheet's width as an image print.css shows instead of the canvas:
-      a canvas would print its screen-wide pixels shrunk to half, its words with them. */
-  function printCopy(canvas) {
-    let img = canvas.occvizPrintCopy;
-    if (!img) {
-      img = document.createElement("img");
-      img.className = "print-copy";
-      img.alt = ""; // the canvas, with its text, is the chart on screen; this is its printed picture
-      img.hidden = true;
-      canvas.after(img);
-      canvas.occvizPrintCopy = img;
-    }
-    img.src = "data:image/svg+xml;charset=utf-8," + encodeURIComponent(chartAsSVG(canvas, PRINT_WIDTH));
-  }
-
-  function printCopies() {
-    for (const canvas of document.querySelectorAll('[data-page="job"] canvas')) if (canvas.occvizRedraw) printCopy(canvas);
-  }
-
   document.addEventListener("occviz:drawn", (ev) => {
     const canvas = ev.target;
     const first = !canvas.occvizRedraw;
     canvas.occvizRedraw = ev.detail.redraw;
     if (first) addButtons(canvas);
-    // A finished job's report is ready to print at any moment (a live one's copies are made as it prints).
-    if (canvas.closest('[data-page="job"][data-finished="1"]')) {
-      clearTimeout(canvas.occvizPrintTimer);
-      canvas.occvizPrintTimer = setTimeout(() => printCopy(canvas), PRINT_COPY_DELAY_MS);
+  });
+
+  /** As the page prints, each chart of the job page drawn again at the sheet's width, as inline SVG that
+      print.css shows instead of the canvas (a canvas would print its screen-wide pixels shrunk to half,
+      its words with them). Inline, so that it is laid out at once, with nothing to load. */
+  window.addEventListener("beforeprint", () => {
+    for (const canvas of document.querySelectorAll('[data-page="job"] canvas')) {
+      if (!canvas.occvizRedraw) continue;
+      const copy = document.createElement("div");
+      copy.className = "print-copy";
+      copy.hidden = true;
+      copy.setAttribute("aria-hidden", "true"); // the canvas, with its text, is the chart on screen
+      copy.innerHTML = chartAsSVG(canvas, PRINT_WIDTH);
+      canvas.after(copy);
     }
   });
-  window.addEventListener("beforeprint", printCopies);
+  window.addEventListener("afterprint", () => document.querySelectorAll(".print-copy").forEach((copy) => copy.remove()));
 
   /** The job page's "Print report" button, beside its controls (outside the fragment the page swaps). */
   function printButton() {

@@ -232,12 +232,12 @@ def test_the_printed_report_of_a_finished_job_is_one_a4_page(site: Site, scenari
     job_page(scenario, "finished")(site)
     page = site.page
     expect(page.locator("[data-print-report]")).to_be_visible()
-    # Each chart's copy drawn at the sheet's width, loaded.
-    copied = "() => [...document.querySelectorAll('[data-page=job] canvas')].every(c => c.occvizPrintCopy?.complete)"
-    page.wait_for_function(copied)
     pdf = page.pdf(format="A4", print_background=True)
     ARTIFACTS.mkdir(exist_ok=True)
     (ARTIFACTS / f"report-{scenario}.pdf").write_bytes(pdf)
+    assert page.locator(".print-copy").count() == 0  # drawn for printing, removed after
+    assert b"/Subtype /Image" not in pdf  # the charts printed in vectors at the sheet's width, not as pixels
+    page.evaluate("() => window.dispatchEvent(new Event('beforeprint'))")  # as page.pdf does
     page.emulate_media(media="print")
     try:
         # The sheet's printable width (A4 less print.css's margins), as the PDF lays it out.
@@ -250,6 +250,7 @@ def test_the_printed_report_of_a_finished_job_is_one_a4_page(site: Site, scenari
         assert not page.locator(".topbar").is_visible()
     finally:
         page.emulate_media(media="null")  # back to none: page.pdf prints with print media only then
+        page.evaluate("() => window.dispatchEvent(new Event('afterprint'))")
         page.set_viewport_size({"width": 1400, "height": 900})
 
 
