@@ -185,6 +185,12 @@
     return { ctx, width, height };
   }
 
+  /** Tells the page a chart was drawn (a bubbling `occviz:drawn` on its canvas): `redraw(canvas)` draws the
+      same again onto another canvas (slides.js's SVG recorder), `facts` are what it shows (a11y.js's text). */
+  function drawn(canvas, redraw, facts) {
+    canvas.dispatchEvent(new CustomEvent("occviz:drawn", { bubbles: true, detail: { redraw, ...facts } }));
+  }
+
   function niceMax(v) {
     if (v <= 0) return 1;
     const p = Math.pow(10, Math.floor(Math.log10(v)));
@@ -225,15 +231,17 @@
     }
 
     /** Draw `events` (sorted by t_ms) with t in [t0, t1]; `cursor`, if given, marks the moment shown. */
-    draw(model, { t0, t1, events, cursor }) {
+    draw(model, { t0, t1, events, cursor }, canvas = this.canvas) {
       const lanes = model.lanes;
       const lay = this.layout(lanes);
-      const { ctx, width, height } = setupCanvas(this.canvas, lay.height);
+      const { ctx, width, height } = setupCanvas(canvas, lay.height);
       const plotW = width - lay.left - 10;
       const span = Math.max(1, t1 - t0);
       const x = (t) => lay.left + ((t - t0) / span) * plotW;
       const laneY = (actor) => lay.top + (actor - 1) * lay.laneH;
-      this.view = { model, t0, t1, events, lay, x, plotW, span, laneY, lanes };
+      const view = { model, t0, t1, events, lay, x, plotW, span, laneY, lanes };
+      // Hovering reads the view of the canvas on the page, not that of a copy drawn elsewhere.
+      if (canvas === this.canvas) this.view = view;
       this.canvas.dataset.lanes = String(lanes);
       ctx.clearRect(0, 0, width, height);
       ctx.font = "12px system-ui, sans-serif";
@@ -251,7 +259,7 @@
       }
       this.drawAxis(ctx, lay, x, t0, t1, lanes);
       // A scenario's own drawing under the marks (leadership bands, say).
-      if (model.plugin.drawLanes) model.plugin.drawLanes(ctx, this.view);
+      if (model.plugin.drawLanes) model.plugin.drawLanes(ctx, view);
       const from = firstAtOrAfter(events, t0 - T_SLACK_MS - 2000);
       for (let i = from; i < events.length; i++) {
         const e = events[i];
@@ -267,6 +275,7 @@
         ctx.lineTo(x(cursor), lay.top + lanes * lay.laneH);
         ctx.stroke();
       }
+      if (canvas === this.canvas) drawn(canvas, (target) => this.draw(model, { t0, t1, events, cursor }, target), { model, t0, t1 });
     }
 
     drawAxis(ctx, lay, x, t0, t1, lanes) {
@@ -428,7 +437,11 @@
     }
   }
 
-  /** Events per second over time, one line per rate kind, each in its kind's colour. */
+  // Each rate line's dash, in order, and the length of the line drawn before its label in the legend.
+  const RATE_DASHES = [[], [8, 4], [2, 3], [12, 3, 3, 3]];
+  const LEGEND_LINE = 24;
+
+  /** Events per second over time, one line per rate kind, each in its kind's colour and its own dash. */
   class RateChart {
     constructor(canvas, vocabulary) {
       this.canvas = canvas;
@@ -444,8 +457,8 @@
     }
 
     /** `series` from JobModel.series or the compare view; yMax and xMaxMs let charts share a scale. */
-    draw(series, { yMax, xMaxMs, cursor } = {}) {
-      const { ctx, width, height } = setupCanvas(this.canvas, this.cssHeight);
+    draw(series, { yMax, xMaxMs, cursor } = {}, canvas = this.canvas) {
+      const { ctx, width, height } = setupCanvas(canvas, this.cssHeight);
       const left = 56;
       const bottom = height - 22;
       const top = 10;
@@ -483,10 +496,12 @@
       ctx.textAlign = "left";
       let labelX = left + 8;
       let labelY = top + 8;
-      for (const kind of kinds) {
+      kinds.forEach((kind, k) => {
         const color = this.vocabulary.color(kind);
+        const dash = RATE_DASHES[k % RATE_DASHES.length];
         ctx.strokeStyle = color;
         ctx.lineWidth = 2.5;
+        ctx.setLineDash(dash);
         ctx.beginPath();
         series.rates[kind].forEach((count, i) => {
           const px = x((i + 0.5) * series.bin_ms);
@@ -496,15 +511,21 @@
         });
         ctx.stroke();
         const label = this.vocabulary.kind(kind).label + "/s";
-        const labelW = ctx.measureText(label).width;
+        const labelW = ctx.measureText(label).width + LEGEND_LINE;
         if (labelX > left + 8 && labelX + labelW > left + plotW) {
           labelX = left + 8; // a legend wider than the chart goes on to a second line
           labelY += 15;
         }
+        // The legend shows each line's dash too: the lines are told apart by more than colour.
+        ctx.beginPath();
+        ctx.moveTo(labelX, labelY);
+        ctx.lineTo(labelX + LEGEND_LINE - 6, labelY);
+        ctx.stroke();
+        ctx.setLineDash([]);
         ctx.fillStyle = color;
-        ctx.fillText(label, labelX, labelY);
+        ctx.fillText(label, labelX + LEGEND_LINE, labelY);
         labelX += labelW + 16;
-      }
+      });
       if (cursor != null) {
         ctx.strokeStyle = "#111";
         ctx.lineWidth = 1.5;
@@ -513,6 +534,7 @@
         ctx.lineTo(x(cursor), bottom);
         ctx.stroke();
       }
+      if (canvas === this.canvas) drawn(canvas, (target) => this.draw(series, { yMax, xMaxMs, cursor }, target), { series, vocabulary: this.vocabulary });
     }
   }
 
@@ -567,6 +589,7 @@
     swapFragments,
     fmtMs,
     displayBin,
+    drawn,
     plugins,
   };
 })();

@@ -26,7 +26,7 @@
       model.bands.set(e.actor, bands);
     },
 
-    /** Bands under the marks; above the lanes, red where two believe they lead, grey where none does. */
+    /** Bands under the marks; above the lanes, a red bar where two believe they lead, a grey dashed line where none does. */
     drawLanes(ctx, view) {
       const { model, t0, t1, x, laneY, lay } = view;
       const end = (band) => (band.end == null ? model.maxT : band.end);
@@ -50,7 +50,19 @@
         const a = Math.max(t0, from);
         const b = Math.min(t1, to);
         if (b <= a || n === 1) return;
-        ctx.fillStyle = n === 0 ? "rgba(120, 120, 120, 0.35)" : "rgba(214, 40, 40, 0.85)";
+        if (n === 0) {
+          // No leader: a dashed grey line; two or more: a solid red bar (told apart by shape, not colour only).
+          ctx.strokeStyle = "rgba(90, 90, 90, 0.8)";
+          ctx.lineWidth = 2;
+          ctx.setLineDash([4, 3]);
+          ctx.beginPath();
+          ctx.moveTo(x(a), lay.top - 4);
+          ctx.lineTo(Math.max(x(a) + 1, x(b)), lay.top - 4);
+          ctx.stroke();
+          ctx.setLineDash([]);
+          return;
+        }
+        ctx.fillStyle = "rgba(214, 40, 40, 0.85)";
         ctx.fillRect(x(a), lay.top - 6, Math.max(1, x(b) - x(a)), 4);
       };
       for (const [t, delta] of edges) {

@@ -40,8 +40,7 @@
     ctx.stroke();
   }
 
-  function drawChart(model, t0, t1, left) {
-    const canvas = chartCanvas();
+  function drawChart(model, t0, t1, left, canvas = chartCanvas()) {
     if (!canvas) return;
     const q = model.quota;
     const dpr = window.devicePixelRatio || 1;
@@ -84,19 +83,26 @@
       const next = i + 1 < changes.length ? changes[i + 1][0] : model.maxT;
       if (used > actual && next > t) ctx.fillRect(x(t), y(used), Math.max(1, x(next) - x(t)), y(actual) - y(used));
     });
+    // Each line has its own dash, shown again before its label: they are told apart by more than colour.
     const lines = [
-      ["hard", "#4a5568", [{ t: 0, v: q.hard }]],
-      ["used (charged)", "#d62828", [{ t: 0, v: 0 }, ...q.used]],
-      ["actually used", "#1c64d6", [{ t: 0, v: 0 }, ...q.actual]],
+      ["hard", "#4a5568", [{ t: 0, v: q.hard }], [2, 3]],
+      ["used (charged)", "#d62828", [{ t: 0, v: 0 }, ...q.used], []],
+      ["actually used", "#1c64d6", [{ t: 0, v: 0 }, ...q.actual], [8, 4]],
     ];
     let labelX = left;
-    for (const [label, color, points] of lines) {
+    for (const [label, color, points, dash] of lines) {
       ctx.strokeStyle = color;
       ctx.lineWidth = 2;
+      ctx.setLineDash(dash);
       step(ctx, points, x, y, model.maxT);
+      ctx.beginPath();
+      ctx.moveTo(labelX, 10);
+      ctx.lineTo(labelX + 18, 10);
+      ctx.stroke();
+      ctx.setLineDash([]);
       ctx.fillStyle = color;
-      ctx.fillText(label, labelX, 10);
-      labelX += ctx.measureText(label).width + 18;
+      ctx.fillText(label, labelX + 24, 10);
+      labelX += ctx.measureText(label).width + 42;
     }
     ctx.fillStyle = "#4a5568";
     ctx.textAlign = "right";
@@ -110,6 +116,7 @@
     canvas.dataset.actual = String(now.actual);
     canvas.dataset.resyncs = String(q.resyncs.length);
     canvas.dataset.points = String(q.used.length + q.actual.length);
+    if (canvas === chartCanvas()) window.Occviz.drawn(canvas, (target) => drawChart(model, t0, t1, left, target), { quota: { ...now, hard: q.hard, resyncs: q.resyncs.length } });
   }
 
   function latest(model) {
