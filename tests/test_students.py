@@ -526,3 +526,25 @@ def test_studentlink_refuses_bad_flags_clearly(alice: User, args: list[str], why
     with pytest.raises(CommandError, match=why):
         call_command("studentlink", *[a.format(job=job.pk) for a in args])
     assert not StudentLink.objects.exists()
+
+
+def test_a_lesson_run_page_offers_a_link_to_its_newest_job(signed_in: Client, alice: User) -> None:
+    from occviz.lessons.models import Lesson, LessonRun, LessonRunJob
+    from tests.test_lessons import ship
+
+    ship()
+    lesson = Lesson.objects.order_by("position").first()
+    assert lesson is not None
+    step = lesson.ordered_steps()[0]
+    run = LessonRun.objects.create(lesson=lesson, started_by=alice)
+    older, newer = _job(alice), _job(alice)
+    for job in (older, newer):
+        LessonRunJob.objects.create(run=run, step=step, job=job)
+    page = signed_in.get(f"/lessons/runs/{run.pk}/").content.decode()
+    assert f'id="student-link" class="student-link" aria-label="Student link" data-job="{newer.pk}"' in page
+    made = signed_in.post(f"/jobs/{newer.pk}/student-links/", {"minutes": "20", "next": f"/lessons/runs/{run.pk}/"})
+    assert made["Location"] == f"/lessons/runs/{run.pk}/#student-link"
+    assert token_for(StudentLink.objects.get(job=newer)) in signed_in.get(f"/lessons/runs/{run.pk}/").content.decode()
+    # An address elsewhere is not followed back.
+    elsewhere = signed_in.post(f"/jobs/{newer.pk}/student-links/", {"minutes": "20", "next": "https://evil.example/"})
+    assert elsewhere["Location"] == f"/jobs/{newer.pk}/#student-link"
