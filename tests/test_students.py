@@ -548,3 +548,70 @@ def test_a_lesson_run_page_offers_a_link_to_its_newest_job(signed_in: Client, al
     # An address elsewhere is not followed back.
     elsewhere = signed_in.post(f"/jobs/{newer.pk}/student-links/", {"minutes": "20", "next": "https://evil.example/"})
     assert elsewhere["Location"] == f"/jobs/{newer.pk}/#student-link"
+
+
+@pytest.mark.parametrize("scenario", ["counter", "leader-election", "quota", "controllers"])
+def test_the_student_page_of_a_finished_job_of_every_scenario_renders_read_only(alice: User, scenario: str) -> None:
+    from tests.test_every_page import FINISHED
+
+    job = run_job(create_job(scenario, FINISHED[scenario], alice).pk)
+    _, token = _link(job)
+    student = _student_client(token, "Ada")
+    page = student.get(f"/s/{token}/")
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert 'id="live-status"' in html and 'data-finished="1"' in html
+    assert ("data-plus-one" in html) == (scenario in ("counter", "controllers"))
+    if "data-plus-one" in html:
+        answer = student.post(f"/s/{token}/press/", HTTP_ACCEPT="application/json")
+        assert answer.status_code == 409 and "has finished" in answer.json()["message"]
+    assert student.get(f"/s/{token}/events.json?after=0&limit=5").json()["events"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["none", "occ"])
+def test_students_join_the_controllers_race_on_lanes_of_their_own(alice: User, strategy: str) -> None:
+    from occviz.store.models import Deployment
+    from occviz.students.presses import PRESS_ANNOTATION
+
+    params = {"strategy": strategy, "controllers": 2, "rate_per_s": 40, "think_ms": 20, "seconds": 2.5}
+    job = create_job("controllers", params, alice)
+    _, token = _link(job)
+    acknowledged: list[int] = []
+    conflicts: list[int] = []
+
+    def press_along() -> None:
+        try:
+            client = _student_client(token, "Grace")
+            while not Deployment.objects.filter(job_id=job.pk).exists():
+                time.sleep(0.01)
+            while True:
+                answer = client.post(f"/s/{token}/press/", HTTP_ACCEPT="application/json")
+                if answer.status_code == 200:
+                    acknowledged.append(answer.json()["version"])
+                elif "Conflict" in answer.json()["message"]:
+                    conflicts.append(1)
+                elif answer.status_code == 409:
+                    return
+                time.sleep(0.21)
+        finally:
+            connection.close()
+
+    grace = threading.Thread(target=press_along)
+    grace.start()
+    job = run_job(job.pk)
+    grace.join(timeout=30)
+    assert job.status == Job.Status.SUCCEEDED, job.error
+    assert job.invariant_ok, job.summary["invariant"]
+    lane = [e for e in events(job) if (e.detail or {}).get("lane") == "student: Grace"]
+    assert sum(e.kind == "outside_write" for e in lane) == len(acknowledged) > 0
+    assert sum(e.kind == "outside_conflict" for e in lane) == len(conflicts)
+    deployment = Deployment.objects.get(job=job)
+    presses = int(deployment.annotations.get(PRESS_ANNOTATION, 0))
+    if strategy == "occ":
+        assert presses == len(acknowledged) and conflicts, "Grace never collided: raise the think time"
+    else:
+        # Blind both ways: the controllers' blind writes drop Grace's presses, and what her blind writes
+        # erased of the controllers' fields is put on her lane, by name.
+        assert presses <= len(acknowledged)
+        assert any(e.kind == "outside_erased" for e in lane), [e.kind for e in lane]
