@@ -6,7 +6,9 @@ lane ("student: <nickname>"). With the job's strategy: `none` writes blindly (wh
 stored since the read is overwritten, and counted as lost), any other strategy writes only
 over the version read, and a 409 is shown to the student, who may press again.
 
-Between the read and the write the student "thinks" half as long as the job's writers do:
+A press is read (`read_for_press`), then a think, then the write (`Read.write`): the view
+awaits the think on its event loop, so a class thinking at once holds no thread. Between
+the read and the write the student "thinks" half as long as the job's writers do:
 long enough that a class pressing at once races the job's writers, short enough that with
 `occ` a press wins about as often as it meets a 409, and with `none` erases as often as not.
 
@@ -17,7 +19,6 @@ for nothing.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
@@ -53,8 +54,24 @@ class Pressed:
         return {"ok": self.ok, "status": self.status, "message": self.message, "version": self.version}
 
 
-def press(student: Student) -> Pressed:
-    """One +1 by `student` on their job's object, or why not (nothing written then)."""
+@dataclass(frozen=True)
+class Read:
+    """A press's read, awaiting its write: the object as read, the changes to write over it, the think before."""
+
+    job: Job
+    student: Student
+    stored: VersionedObject
+    changes: dict[str, Any]
+    said: str
+    """The change in words: "value 3 → 4"."""
+    think_s: float
+
+    def write(self) -> Pressed:
+        return _write(self.job, self.student, self.stored, self.changes, self.said)
+
+
+def read_for_press(student: Student) -> Read | Pressed:
+    """The read of one +1 by `student` on their job's object, or why there is none (nothing written then)."""
     job = Job.objects.only("status", "scenario", "params", "outside_writes_closed_at").get(pk=student.job_id)
     if job.status != Job.Status.RUNNING or job.outside_writes_closed_at is not None:
         when = "has not started yet" if job.status == Job.Status.QUEUED else f"has finished ({job.status})"
@@ -91,8 +108,8 @@ class _TooLate(Exception):
     """The job had settled its accounts when the write got the object's lock."""
 
 
-def _think(job: Job) -> None:
-    time.sleep(min(float(job.params.get("think_ms") or 0) / 2000, MAX_THINK_S))
+def _think_s(job: Job) -> float:
+    return min(float(job.params.get("think_ms") or 0) / 2000, MAX_THINK_S)
 
 
 def _write(job: Job, student: Student, stored: VersionedObject, changes: dict[str, Any], said: str) -> Pressed:
@@ -131,17 +148,16 @@ def _write(job: Job, student: Student, stored: VersionedObject, changes: dict[st
     return Pressed(200, f"+1 written {how}: v{written.resource_version} ({said}).", written.resource_version)
 
 
-def _plus_one_counter(job: Job, student: Student) -> Pressed:
-    """The counter race: read row-1, think, write its value + 1."""
+def _plus_one_counter(job: Job, student: Student) -> Read | Pressed:
+    """The counter race: read row-1, to write its value + 1."""
     row = Counter.objects.filter(job=job).order_by("pk").first()
     if row is None:
         return Pressed(409, "The job has not made its counter yet: press again in a moment.")
-    _think(job)
-    return _write(job, student, row, {"value": row.value + 1}, f"value {row.value} → {row.value + 1}")
+    return Read(job, student, row, {"value": row.value + 1}, f"value {row.value} → {row.value + 1}", _think_s(job))
 
 
-def _plus_one_deployment(job: Job, student: Student) -> Pressed:
-    """The controllers' race: read the Deployment, think, send it whole back with the students' annotation + 1.
+def _plus_one_deployment(job: Job, student: Student) -> Read | Pressed:
+    """The controllers' race: read the Deployment, to send it whole back with the students' annotation + 1.
 
     As `kubectl edit` does: every field goes back as it was read, so a blind write erases what a
     controller wrote in between, which the job counts on the student's lane.
@@ -153,17 +169,16 @@ def _plus_one_deployment(job: Job, student: Student) -> Pressed:
         count = int(deployment.annotations.get(PRESS_ANNOTATION, 0))
     except (TypeError, ValueError):
         count = 0
-    _think(job)
     changes = {
         "replicas": deployment.replicas,
         "labels": deployment.labels,
         "annotations": {**deployment.annotations, PRESS_ANNOTATION: str(count + 1)},
         "status": deployment.status,
     }
-    return _write(job, student, deployment, changes, f"{PRESS_ANNOTATION} {count} → {count + 1}")
+    return Read(job, student, deployment, changes, f"{PRESS_ANNOTATION} {count} → {count + 1}", _think_s(job))
 
 
-_PRESSES: dict[str, Callable[[Job, Student], Pressed]] = {
+_PRESSES: dict[str, Callable[[Job, Student], Read | Pressed]] = {
     "counter": _plus_one_counter,
     "controllers": _plus_one_deployment,
 }

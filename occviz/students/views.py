@@ -7,8 +7,10 @@ and revoke links, for whoever may control the job (its owner, staff).
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
@@ -22,7 +24,7 @@ from occviz.live.jobstate import job_state
 from occviz.scenarios import SCENARIOS
 from occviz.students import roster
 from occviz.students.models import MAX_MINUTES, MAX_NICKNAME, Student, StudentLink
-from occviz.students.presses import MAX_PRESSES_PER_S, Pressed, press, takes_presses
+from occviz.students.presses import MAX_PRESSES_PER_S, Pressed, Read, read_for_press, takes_presses
 from occviz.students.tokens import LinkRefused, open_link
 from occviz.web.views import events_response
 
@@ -106,8 +108,29 @@ def student_events(request: HttpRequest, token: str) -> HttpResponse:
 
 
 @require_POST
-def student_press(request: HttpRequest, token: str) -> HttpResponse:
-    """One +1 on the job's object: JSON for the page's script, the page again without one."""
+async def student_press(request: HttpRequest, token: str) -> HttpResponse:
+    """One +1 on the job's object: JSON for the page's script, the page again without one.
+
+    Async, so that the think between the read and the write is awaited here, holding no thread:
+    the database work goes to the thread Django gives sync code, a step at a time.
+    """
+    started = await sync_to_async(_read_for_press)(request, token)
+    if isinstance(started, HttpResponse):
+        return started
+    link, student, read = started
+    if isinstance(read, Read):
+        await asyncio.sleep(read.think_s)
+        pressed = await sync_to_async(read.write)()
+    else:
+        pressed = read
+    if _wants_json(request):
+        return JsonResponse(pressed.as_json(), status=pressed.status)
+    context = await sync_to_async(_page_context)(link, token, student, pressed)
+    return await sync_to_async(render)(request, "students/student_page.html", context, status=pressed.status)
+
+
+def _read_for_press(request: HttpRequest, token: str) -> HttpResponse | tuple[StudentLink, Student, Read | Pressed]:
+    """The press's link and read, or the refusal to answer (a refused link, no nickname)."""
     try:
         link = open_link(token)
     except LinkRefused as refused:
@@ -118,12 +141,7 @@ def student_press(request: HttpRequest, token: str) -> HttpResponse:
         if _wants_json(request):
             return JsonResponse(pressed.as_json(), status=pressed.status)
         return render(request, "students/join.html", _join_context(link, token, error=pressed.message), status=403)
-    pressed = press(student)
-    if _wants_json(request):
-        return JsonResponse(pressed.as_json(), status=pressed.status)
-    return render(
-        request, "students/student_page.html", _page_context(link, token, student, pressed), status=pressed.status
-    )
+    return link, student, read_for_press(student)
 
 
 def _back(request: HttpRequest, job: Job) -> str:
