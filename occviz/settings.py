@@ -70,6 +70,7 @@ INSTALLED_APPS = [
     "occviz.web",
     "occviz.api",
     "occviz.lessons",
+    "occviz.students",
 ]
 
 MIDDLEWARE = [

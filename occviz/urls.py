@@ -8,5 +8,6 @@ urlpatterns = [
     # The dashboard first: the API's router also answers "" (its root), which must not hide the home page.
     path("", include("occviz.web.urls")),
     path("lessons/", include("occviz.lessons.urls")),
+    path("", include("occviz.students.urls")),
     path("", include("occviz.api.urls")),
 ]

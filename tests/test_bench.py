@@ -40,3 +40,17 @@ def test_a_small_class_arrives_drops_and_reopens_and_every_page_sees_the_whole_j
     assert figures["latency_ms"]["p95"] is not None
     memory = figures["memory_mb"]
     assert 0 < memory["start_mb"] <= memory["peak_mb"] and memory["end_mb"] > 0
+
+
+@pytest.mark.slow
+def test_a_small_class_on_a_student_link_sees_every_event_and_every_press_is_counted(database_url: str) -> None:
+    from occviz.bench.students import students_bench
+
+    figures = students_bench(database_url, students=4, pressing=2, seconds=3, writers=2, rounds=1)
+    assert figures["complete"] == "4 of 4 students saw every event exactly once and the end"
+    assert figures["refused_count"] == 0, figures["refused"]
+    (counted,) = figures["presses_counted"]
+    assert counted.startswith("every press counted on its lane: "), counted
+    assert not counted.startswith("every press counted on its lane: 0 acknowledged"), "no press landed"
+    assert figures["commits_per_s_alone_runs"][0] > 0 and figures["commits_per_s_watched_runs"][0] > 0
+    assert figures["latency_ms"]["p95"] is not None

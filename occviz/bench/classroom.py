@@ -140,9 +140,9 @@ async def _page(
     first = Viewer()
     if leave is None:
         arrival.stayed.append(first)
-        await _follow(client, first)
+        await follow_page(client, first)
         return
-    following = asyncio.create_task(_follow(client, first))
+    following = asyncio.create_task(follow_page(client, first))
     await leave.wait()
     following.cancel()
     with contextlib.suppress(asyncio.CancelledError):
@@ -156,7 +156,7 @@ async def _page(
         return
     again = Viewer()
     arrival.reopened.append(again)
-    await _follow(client, again)
+    await follow_page(client, again)
 
 
 async def _arrive_at(port: int, path: str, cookie: str, arrival: Arrival, hellos_ms: list[float]) -> WsClient | None:
@@ -180,7 +180,7 @@ async def _open(port: int, path: str, cookie: str) -> tuple[WsClient, float]:
     return client, (time.monotonic() - started) * 1000.0
 
 
-async def _follow(client: WsClient, viewer: Viewer) -> None:
+async def follow_page(client: WsClient, viewer: Viewer) -> None:
     """Frames as (seq_from, seq_to, receive time) until the end; the end kept."""
     try:
         while True:

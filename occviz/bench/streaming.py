@@ -96,9 +96,9 @@ def streaming_bench(
         complete = 0
         decoded_ok = 0
         for _ in range(rounds):
-            alone.append(_commits_per_s(_run_job(env, params)))
+            alone.append(commits_per_s(run_alone(env, params)))
             job, received, decoded = asyncio.run(_watched_run(env, params, port, cookie, viewers, query))
-            watched.append(_commits_per_s(job))
+            watched.append(commits_per_s(job))
             latencies.extend(latencies_ms(job, received))
             complete += sum(viewer.complete(job.last_seq, html=html) for viewer in received)
             decoded_ok += decoded == list(range(1, job.last_seq + 1))
@@ -149,7 +149,7 @@ async def check_layer() -> None:
         raise RuntimeError(f"the channel layer returned {message!r}")
 
 
-def _commits_per_s(job: Job) -> float:
+def commits_per_s(job: Job) -> float:
     return float(job.summary["commits_per_s"]) if job.summary else 0.0
 
 
@@ -221,7 +221,7 @@ def start_worker(env: dict[str, str]) -> subprocess.Popen[bytes]:
     )
 
 
-def _run_job(env: dict[str, str], params: dict[str, Any]) -> Job:
+def run_alone(env: dict[str, str], params: dict[str, Any]) -> Job:
     job = launch("counter", params)
     worker = start_worker(env)
     worker.wait(params["seconds"] + 120)

@@ -92,6 +92,8 @@ class JobContext:
         """
         self.deliver_controls()
         self._outside_handler = None
+        # In the settling transaction: a writer that commits after it can tell its write came too late.
+        Job.objects.filter(pk=self.job.pk).update(outside_writes_closed_at=timezone.now())
 
     def deliver_controls(self) -> None:
         """Hand each control not yet applied to the program, once (from the recorder's thread, or settling)."""

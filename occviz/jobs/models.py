@@ -48,6 +48,9 @@ class Job(models.Model):
         null=True, blank=True, help_text="Renewed every second by the process running it: its heartbeat."
     )
     events_pruned_at = models.DateTimeField(null=True, blank=True, help_text="When its events were deleted.")
+    outside_writes_closed_at = models.DateTimeField(
+        null=True, blank=True, help_text="When it stopped following outside writes (it settled its accounts)."
+    )
 
     class Meta:
         ordering = ["-id"]

@@ -98,17 +98,23 @@ class JobEventsConsumer(RefusingConsumer):
         self.counted = True
         # Accept before refusing, so the client gets a close code and reason instead of a bare HTTP 403.
         await self.accept()
-        user = self.scope.get("user")
-        if user is None or not user.is_authenticated:
-            await self.refuse(CLOSE_NOT_SIGNED_IN, "not signed in: open the socket with your session cookie")
+        job_id = await self.job_to_follow()
+        if job_id is None:
             return
-        job_id = int(self.scope["url_route"]["kwargs"]["job_id"])
         state = await read_for_new_socket(job_id)
         if state is None:
             await self.refuse(CLOSE_NOT_FOUND, f"job {job_id} does not exist")
             return
         self.state = state
         await self.start()
+
+    async def job_to_follow(self) -> int | None:
+        """The job this socket may follow (the path's, for a signed-in user), or None once it has refused."""
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated:
+            await self.refuse(CLOSE_NOT_SIGNED_IN, "not signed in: open the socket with your session cookie")
+            return None
+        return int(self.scope["url_route"]["kwargs"]["job_id"])
 
     async def disconnect(self, code: int) -> None:
         await self.stop_following()

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 Payload = Mapping[str, Any]
 
 # How a sentence says where the write came from: "alice (token laptop) via the API".
-VIA_WORDS: Final = {"api": "the API", "admin": "the admin", "job": "another job"}
+VIA_WORDS: Final = {"api": "the API", "admin": "the admin", "job": "another job", "student": "a student link"}
 
 
 def lane_name(payload: Payload) -> str:
@@ -56,6 +56,11 @@ class OutsideWrite:
     @property
     def blind(self) -> bool:
         return self.payload.get("expected_version") is None
+
+    @property
+    def plus_one(self) -> bool:
+        """A student's press: always the value it read plus one (occviz/students/presses.py)."""
+        return self.payload.get("via") == "student"
 
     @property
     def version_written(self) -> int | None:

@@ -187,6 +187,7 @@ class Change(models.Model):
         ADMIN = "admin"
         API = "api"
         JOB = "job"
+        STUDENT = "student"
 
     resource = models.CharField(max_length=32, help_text="The resource, as in the API path: counters, leases...")
     namespace = models.CharField(max_length=63)

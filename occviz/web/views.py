@@ -317,7 +317,11 @@ def _int_param(request: HttpRequest, name: str, default: int, low: int, high: in
 @_json_login_required
 def job_events(request: HttpRequest, job_id: int) -> HttpResponse:
     """`?after=<seq>&limit=<n>`: the next page of the job's stored events, in seq order."""
-    job = get_object_or_404(Job, pk=job_id)
+    return events_response(request, get_object_or_404(Job, pk=job_id))
+
+
+def events_response(request: HttpRequest, job: Job) -> HttpResponse:
+    """The page of `job`'s events that `?after=<seq>&limit=<n>` asks for (the job page's, a student page's)."""
     try:
         after = _int_param(request, "after", 0, 0, 2**62)
         limit = _int_param(request, "limit", 1_000, 1, events.MAX_PAGE)

@@ -23,7 +23,12 @@ once on one live job, 200 of them drop and reopen from seq 0 (`--class-sockets`,
 `--class-reopen`); hello times, the staying pages' latency, and the web server's memory
 (`--class-web-processes`: served by several Daphne processes on one listening socket).
 
-`--part` picks the parts (`--part streaming browser`); all six run by default.
+students: a class on a student link (`occviz.bench.students.students_bench`): 60 student
+pages' sockets on one live `none` job, 30 of them pressing +1 once a second (`--students`,
+`--students-pressing`, `--students-seconds`), against the same job alone; the students' latency,
+whether each saw every event once, and whether the job counted every press.
+
+`--part` picks the parts (`--part streaming browser`); all seven run by default.
 
 How to read the figures, and what they have been: docs/performance.md.
 """
@@ -50,7 +55,7 @@ from occviz.store.cas import swap_for
 from occviz.store.models import Counter
 
 MANAGE = str(Path(settings.BASE_DIR) / "manage.py")
-PARTS = ["engine", "streaming", "browser", "failover", "watches", "class"]
+PARTS = ["engine", "streaming", "browser", "failover", "watches", "class", "students"]
 
 
 def pgbench_path() -> str:
@@ -115,6 +120,13 @@ class Command(BaseCommand):
         parser.add_argument(
             "--class-web-processes", type=int, default=1, help="class: web server processes on the one listening socket"
         )
+        parser.add_argument("--students", type=int, default=60, help="students: student pages' sockets on one job")
+        parser.add_argument(
+            "--students-pressing", type=int, default=30, help="students: of them, pressing +1 once a second"
+        )
+        parser.add_argument(
+            "--students-seconds", type=float, default=10.0, help="students: how long the watched job runs"
+        )
         parser.add_argument(
             "--part", nargs="+", choices=["all", *PARTS], default=["all"], help="the parts to run (default: all)"
         )
@@ -134,11 +146,15 @@ class Command(BaseCommand):
             and 0 <= options["class_reopen"] <= options["class_sockets"]
             and 4 <= options["class_seconds"] <= 120
             and 1 <= options["class_web_processes"] <= 8
+            and 1 <= options["students"] <= 200
+            and 0 <= options["students_pressing"] <= options["students"]
+            and 2 <= options["students_seconds"] <= 120
         ):
             raise CommandError(
                 "--writers 1..64, --seconds 1..120, --rounds 1..10, --viewers and --pages 1..500, "
                 "--failover-runs 1..200, --watches 1..500, --class-sockets 1..1000, "
-                "--class-reopen 0..--class-sockets, --class-seconds 4..120, --class-web-processes 1..8",
+                "--class-reopen 0..--class-sockets, --class-seconds 4..120, --class-web-processes 1..8, "
+                "--students 1..200, --students-pressing 0..--students, --students-seconds 2..120",
                 returncode=2,
             )
         parts = PARTS if "all" in options["part"] else [part for part in PARTS if part in options["part"]]
@@ -173,6 +189,17 @@ class Command(BaseCommand):
                 writers=writers,
                 web_processes=options["class_web_processes"],
             )
+        if "students" in parts:
+            from occviz.bench.students import students_bench
+
+            figures["students"] = students_bench(
+                None,
+                students=options["students"],
+                pressing=options["students_pressing"],
+                seconds=options["students_seconds"],
+                writers=writers,
+                rounds=rounds,
+            )
         if options["json"]:
             self.stdout.write(json.dumps(figures))
             return
@@ -191,6 +218,8 @@ class Command(BaseCommand):
             self._streaming("Browser-like", "job pages' sockets", figures["browser"])
         if "class" in figures:
             self._class(figures["class"])
+        if "students" in figures:
+            self._students(figures["students"])
         if "failover" in figures:
             failover = figures["failover"]
             timings = failover["timings"]
@@ -236,6 +265,21 @@ class Command(BaseCommand):
             f"  web server memory: {memory['start_mb']} MB at the start, {memory['peak_mb']} MB at the peak, "
             f"{memory['end_mb']} MB after the class left ({memory['returned_within']:+} MB; "
             f"target within {figures['memory_target_mb']:g} MB)"
+        )
+
+    def _students(self, figures: dict[str, Any]) -> None:
+        latency = figures["latency_ms"]
+        self.stdout.write(
+            f"\nA class on a student link: {figures['students']} student pages' sockets on one live job "
+            f"({figures['strategy']}, {figures['seconds']:g} s, {figures['writers']} writers), "
+            f"{figures['pressing']} of them pressing +1 once a second; {figures['rounds']} alternating rounds\n"
+            f"  alone:   {_list(figures['commits_per_s_alone_runs'])} commits/s\n"
+            f"  watched: {_list(figures['commits_per_s_watched_runs'])} commits/s\n"
+            f"  ratio watched / alone: {figures['ratio']:.2f} (target >= {figures['ratio_target']:.2f}); "
+            f"{figures['complete']}\n"
+            f"  event-to-student latency: p50 {latency['p50']} ms, p95 {latency['p95']} ms "
+            f"(target p95 <= {latency['target_p95']:g} ms)\n"
+            f"  presses: {'; '.join(figures['presses_counted'])}; refused: {figures['refused_count']}"
         )
 
     def _streaming(self, title: str, clients: str, figures: dict[str, Any]) -> None:

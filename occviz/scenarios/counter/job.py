@@ -123,8 +123,10 @@ def record_outside_write(context: JobContext, rows: set[int], payload: Mapping[s
     if write.type == "MODIFIED":
         delta = int(after) - int(before or 0)
         detail["delta"] = delta
-        if write.blind and delta < 0:
-            detail["erased"] = -delta
+        # A student's press added one to the value it read: beyond that one, the write took away what it wrote over.
+        erased = 1 - delta if write.plus_one else -delta
+        if write.blind and erased > 0:
+            detail["erased"] = erased
         kind = "outside_write"
         fields.update(version_written=write.version_written, value_written=after)
     elif write.type == "CONFLICT":

@@ -1,0 +1,218 @@
+"""A class joining a live job from a student link: student sockets, and students pressing +1.
+
+    from occviz.bench.students import students_bench
+    figures = students_bench(None, students=60, pressing=30, seconds=10, rounds=3)
+
+(`database_url=None` uses the database of the current settings.) A real Daphne on a free port
+and a `db_worker` run a counter race of `seconds` (`none` by default: "everyone press +1 now"
+with blind writes, so every press lands and is counted; `occ` answers most presses with a 409
+against writers with no think time), in rounds that alternate: the job
+alone, then the same job with `students` student pages open on it (the socket a student page
+opens, `/ws/s/<token>/events/?after=0&html=1`, signed by the link's token, no session) and
+`pressing` of those students pressing +1 once a second (each at its own phase in the second,
+as a class does) through the student page's own endpoint. It reports:
+
+- the job's commits/s alone and watched (medians of the rounds) and their ratio, against 0.9;
+- the event-to-student latency p50/p95 over every event of every student (as the streaming part
+  counts it, against the job's clock), against 150 ms;
+- whether every student saw every event exactly once and the end, with the page's fragments;
+- whether every press the server acknowledged is counted by the job, on the student's own lane
+  (and every 409 too), and none refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import statistics
+import time
+from collections import Counter as Tally
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.middleware.csrf import _get_new_csrf_string
+
+from occviz.bench.classroom import follow_page
+from occviz.bench.streaming import (
+    Viewer,
+    check_layer,
+    commits_per_s,
+    current_database_url,
+    latencies_ms,
+    percentile,
+    run_alone,
+    start_worker,
+    web_servers,
+)
+from occviz.bench.wsclient import WsClient
+from occviz.jobs.models import Event, Job
+from occviz.jobs.tasks import launch
+from occviz.students import roster
+from occviz.students.models import StudentLink
+from occviz.students.tokens import token_for
+
+PAGE_QUERY = "?after=0&html=1"
+LATENCY_TARGET_MS = 150.0
+RATIO_TARGET = 0.9
+PRESS_EVERY_S = 1.0
+
+
+@dataclass
+class Presses:
+    """What the students' presses got back, by nickname: the acknowledged, the 409s, anything else."""
+
+    acknowledged: Tally[str] = field(default_factory=Tally)
+    conflicts: Tally[str] = field(default_factory=Tally)
+    refused: list[str] = field(default_factory=list)
+
+
+def students_bench(
+    database_url: str | None = None,
+    *,
+    students: int = 60,
+    pressing: int = 30,
+    seconds: float = 10.0,
+    writers: int = 4,
+    rounds: int = 3,
+    web_processes: int = 1,
+    strategy: str = "none",
+) -> dict[str, Any]:
+    if not 0 <= pressing <= students:
+        raise ValueError("pressing must be between 0 and students")
+    env = {**os.environ, "DATABASE_URL": database_url or current_database_url()}
+    asyncio.run(check_layer())
+    params = {"strategy": strategy, "writers": writers, "seconds": seconds, "max_attempts": 1000}
+    alone: list[float] = []
+    watched: list[float] = []
+    latencies: list[float] = []
+    viewers_complete = viewers_total = 0
+    counted: list[str] = []
+    refused: list[str] = []
+    with web_servers(env, web_processes) as (port, _):
+        # Rounds alternate, so a noisy machine slows both sides alike.
+        for _ in range(rounds):
+            alone.append(commits_per_s(run_alone(env, params)))
+            job, viewers, presses = asyncio.run(_class_run(env, params, port, students, pressing))
+            watched.append(commits_per_s(job))
+            latencies.extend(latencies_ms(job, viewers))
+            viewers_complete += sum(viewer.complete(job.last_seq, html=True) for viewer in viewers)
+            viewers_total += len(viewers)
+            counted.append(_counted(job, presses))
+            refused.extend(presses.refused)
+    commits_alone, commits_watched = statistics.median(alone), statistics.median(watched)
+    return {
+        "students": students,
+        "pressing": pressing,
+        "strategy": strategy,
+        "seconds": seconds,
+        "writers": writers,
+        "rounds": rounds,
+        "web_processes": web_processes,
+        "commits_per_s_alone_runs": alone,
+        "commits_per_s_watched_runs": watched,
+        "ratio": round(commits_watched / commits_alone, 3) if commits_alone else None,
+        "ratio_target": RATIO_TARGET,
+        "latency_ms": {
+            "p50": percentile(latencies, 0.50),
+            "p95": percentile(latencies, 0.95),
+            "max": round(max(latencies), 1) if latencies else None,
+            "target_p95": LATENCY_TARGET_MS,
+        },
+        "complete": f"{viewers_complete} of {viewers_total} students saw every event exactly once and the end",
+        "presses_counted": counted,
+        "refused": refused[:5],
+        "refused_count": len(refused),
+    }
+
+
+async def _class_run(
+    env: dict[str, str], params: dict[str, Any], port: int, students: int, pressing: int
+) -> tuple[Job, list[Viewer], Presses]:
+    """The job with the class on it: every student's page open before it starts, the pressers pressing while it runs."""
+    from asgiref.sync import sync_to_async
+
+    job = await sync_to_async(launch)("counter", params)
+    token, cookie_name, seats = await sync_to_async(_seat_class)(job, students)
+    path = f"/ws/s/{token}/events/{PAGE_QUERY}"
+    clients = [await WsClient.connect(port, path) for _ in range(students)]
+    for client in clients:
+        await client.receive_text()  # the hello: every page is open before the job starts
+    viewers = [Viewer() for _ in clients]
+    following = [
+        asyncio.create_task(follow_page(client, viewer)) for client, viewer in zip(clients, viewers, strict=True)
+    ]
+    worker = start_worker(env)
+    while (await Job.objects.aget(pk=job.pk)).status == "queued":
+        await asyncio.sleep(0.02)
+    presses = Presses()
+    pressers = [
+        asyncio.create_task(_press_every_second(port, token, f"{cookie_name}={seat}", nickname, presses))
+        for nickname, seat in seats[:pressing]
+    ]
+    await asyncio.wait_for(asyncio.gather(*following, *pressers), params["seconds"] + 120)
+    await asyncio.to_thread(worker.wait, 60)
+    return await Job.objects.aget(pk=job.pk), viewers, presses
+
+
+def _seat_class(job: Job, students: int) -> tuple[str, str, list[tuple[str, str]]]:
+    """A link to the job and `students` students joined through it: the token, the seat cookie's name,
+    and each student's (nickname, seat)."""
+    link = StudentLink.make(job, None)
+    seats = []
+    for number in range(1, students + 1):
+        student = roster.join(link, f"student {number}")
+        seats.append((student.nickname, roster.seat_value(student)))
+    return token_for(link), roster.seat_cookie_name(link), seats
+
+
+async def _press_every_second(port: int, token: str, seat: str, nickname: str, presses: Presses) -> None:
+    """+1 once a second, at a phase of its own, until the job says its writes are closed."""
+    await asyncio.sleep(random.uniform(0, PRESS_EVERY_S))
+    csrf = _get_new_csrf_string()
+    cookie = f"csrftoken={csrf}; {seat}"
+    while True:
+        started = time.monotonic()
+        status, body = await _post(port, f"/s/{token}/press/", cookie, csrf)
+        if status == 200:
+            presses.acknowledged[nickname] += 1
+        elif status == 409 and b"Conflict" in body:
+            presses.conflicts[nickname] += 1
+        elif status == 409:  # the job is over: writes are closed
+            return
+        else:
+            presses.refused.append(f"{nickname}: {status} {body[:120]!r}")
+        await asyncio.sleep(max(0.0, PRESS_EVERY_S - (time.monotonic() - started)))
+
+
+async def _post(port: int, path: str, cookie: str, csrf: str) -> tuple[int, bytes]:
+    """One POST as the student page's script sends it (JSON asked for, the CSRF header, the same origin)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(
+            (
+                f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nOrigin: http://127.0.0.1:{port}\r\n"
+                f"Accept: application/json\r\nX-CSRFToken: {csrf}\r\nCookie: {cookie}\r\n"
+                "Content-Length: 0\r\nConnection: close\r\n\r\n"
+            ).encode()
+        )
+        response = await reader.read()
+    finally:
+        writer.close()
+    head, _, body = response.partition(b"\r\n\r\n")
+    return int(head.split(b" ", 2)[1]), body
+
+
+def _counted(job: Job, presses: Presses) -> str:
+    """Whether the job recorded exactly the presses acknowledged (and the 409s), each on its student's lane."""
+    recorded: dict[str, Tally[str]] = {"outside_write": Tally(), "outside_conflict": Tally()}
+    for kind, detail in Event.objects.filter(job=job, kind__in=recorded).values_list("kind", "detail"):
+        recorded[kind][str(detail.get("lane", "")).removeprefix("student: ")] += 1
+    writes_ok = recorded["outside_write"] == presses.acknowledged
+    conflicts_ok = recorded["outside_conflict"] == presses.conflicts
+    acknowledged, conflicts = sum(presses.acknowledged.values()), sum(presses.conflicts.values())
+    verdict = "every press counted on its lane" if writes_ok and conflicts_ok else "PRESSES MISCOUNTED"
+    return (
+        f"{verdict}: {acknowledged} acknowledged, {recorded['outside_write'].total()} recorded; "
+        f"{conflicts} conflicts, {recorded['outside_conflict'].total()} recorded"
+    )

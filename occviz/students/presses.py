@@ -1,0 +1,188 @@
+"""A student's "+1": one read-modify-write on the job's contended object, as the API writes it.
+
+It goes through `occviz.store.writes.update`, the compare-and-swap path of the admin and the
+API, so the running job hears of it as an outside write and records it on the student's own
+lane ("student: <nickname>"). With the job's strategy: `none` writes blindly (whatever was
+stored since the read is overwritten, and counted as lost), any other strategy writes only
+over the version read, and a 409 is shown to the student, who may press again.
+
+A press is read (`read_for_press`), then a think, then the write (`Read.write`): the view
+awaits the think on its event loop, so a class thinking at once holds no thread. Between
+the read and the write the student "thinks" half as long as the job's writers do:
+long enough that a class pressing at once races the job's writers, short enough that with
+`occ` a press wins about as often as it meets a 409, and with `none` erases as often as not.
+
+A press is refused before anything is read or written when the job is not running or the
+student is over their rate (MAX_PRESSES_PER_S): a refused press writes nothing and counts
+for nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Final
+
+from django.db import connection, transaction
+
+from occviz.jobs.models import Job
+from occviz.store import writes
+from occviz.store.cas import ANY
+from occviz.store.models import Change, Counter, Deployment, VersionConflict, VersionedObject
+from occviz.students.models import Student
+
+MAX_PRESSES_PER_S: Final = 5
+MAX_THINK_S: Final = 0.5
+"""The longest the student thinks between read and write, whatever the job's think time."""
+PRESS_ANNOTATION: Final = "occviz.dev/student-presses"
+"""The Deployment's annotation the students increment: a field no controller owns."""
+
+
+@dataclass(frozen=True)
+class Pressed:
+    """What became of a press: an HTTP status, and a sentence for the student."""
+
+    status: int
+    message: str
+    version: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 200
+
+    def as_json(self) -> dict[str, Any]:
+        return {"ok": self.ok, "status": self.status, "message": self.message, "version": self.version}
+
+
+@dataclass(frozen=True)
+class Read:
+    """A press's read, awaiting its write: the object as read, the changes to write over it, the think before."""
+
+    job: Job
+    student: Student
+    stored: VersionedObject
+    changes: dict[str, Any]
+    said: str
+    """The change in words: "value 3 → 4"."""
+    think_s: float
+
+    def write(self) -> Pressed:
+        return _write(self.job, self.student, self.stored, self.changes, self.said)
+
+
+def read_for_press(student: Student) -> Read | Pressed:
+    """The read of one +1 by `student` on their job's object, or why there is none (nothing written then)."""
+    job = Job.objects.only("status", "scenario", "params", "outside_writes_closed_at").get(pk=student.job_id)
+    if job.status != Job.Status.RUNNING or job.outside_writes_closed_at is not None:
+        when = "has not started yet" if job.status == Job.Status.QUEUED else f"has finished ({job.status})"
+        if job.status == Job.Status.RUNNING:
+            when = "is finishing"
+        return Pressed(409, f"The job {when}: writes are closed, nothing was written.")
+    plus_one = _PRESSES.get(job.scenario)
+    if plus_one is None:
+        return Pressed(409, "This job's scenario takes no writes from students: watch only.")
+    if not take_a_turn(student):
+        return Pressed(429, f"Too fast: at most {MAX_PRESSES_PER_S} presses a second. Nothing was written.")
+    return plus_one(job, student)
+
+
+def take_a_turn(student: Student) -> bool:
+    """Count a press in the student's one-second window, if it has room: one compare-and-swap on their row."""
+    with connection.cursor() as cursor:
+        # Every expression sees the row as it was; under READ COMMITTED a press racing this one
+        # re-checks the WHERE on the row this one wrote, so two presses never share the last turn.
+        fresh = "(window_start IS NULL OR window_start <= statement_timestamp() - interval '1 second')"
+        cursor.execute(
+            f"""
+            UPDATE students_student SET
+              window_start = CASE WHEN {fresh} THEN statement_timestamp() ELSE window_start END,
+              writes_in_window = CASE WHEN {fresh} THEN 1 ELSE writes_in_window + 1 END
+            WHERE id = %s AND ({fresh} OR writes_in_window < %s)
+            """,
+            [student.pk, MAX_PRESSES_PER_S],
+        )
+        return cursor.rowcount == 1
+
+
+class _TooLate(Exception):
+    """The job had settled its accounts when the write got the object's lock."""
+
+
+def _think_s(job: Job) -> float:
+    return min(float(job.params.get("think_ms") or 0) / 2000, MAX_THINK_S)
+
+
+def _write(job: Job, student: Student, stored: VersionedObject, changes: dict[str, Any], said: str) -> Pressed:
+    """Write `changes` over `stored` as the job's strategy writes: blind for `none`, else over the version read."""
+    blind = job.params.get("strategy") == "none"
+    writer = writes.Writer(Change.Via.STUDENT, student.nickname)
+    read = stored.resource_version
+    try:
+        with transaction.atomic():
+            try:
+                written = writes.update(stored, changes, writer, expected_version=ANY if blind else read)
+            except VersionConflict as conflict:  # caught in here, so the refusal's record commits
+                now = conflict.stored.resource_version if conflict.stored is not None else "?"
+                return Pressed(
+                    409,
+                    f"Conflict (409): you read v{read}, but someone wrote first (it is v{now} now). "
+                    "Press again to retry.",
+                )
+            # The job settles its accounts with its objects locked; a write that got the lock after
+            # that would be on the object and in no account: undone.
+            if not Job.objects.filter(pk=job.pk, status=Job.Status.RUNNING, outside_writes_closed_at=None).exists():
+                raise _TooLate
+    except type(stored).DoesNotExist:
+        return Pressed(409, "The object was deleted: nothing to write.")
+    except _TooLate:
+        return Pressed(409, "The job has finished: writes are closed, nothing was written.")
+    overwritten = written.resource_version - 1 - read
+    if blind and overwritten:
+        return Pressed(
+            200,
+            f"+1 written blindly: v{written.resource_version} ({said}). You overwrote {overwritten} newer "
+            f"version{'s' * (overwritten != 1)}: their updates are lost.",
+            written.resource_version,
+        )
+    how = "blindly" if blind else f"over v{read}"
+    return Pressed(200, f"+1 written {how}: v{written.resource_version} ({said}).", written.resource_version)
+
+
+def _plus_one_counter(job: Job, student: Student) -> Read | Pressed:
+    """The counter race: read row-1, to write its value + 1."""
+    row = Counter.objects.filter(job=job).order_by("pk").first()
+    if row is None:
+        return Pressed(409, "The job has not made its counter yet: press again in a moment.")
+    return Read(job, student, row, {"value": row.value + 1}, f"value {row.value} → {row.value + 1}", _think_s(job))
+
+
+def _plus_one_deployment(job: Job, student: Student) -> Read | Pressed:
+    """The controllers' race: read the Deployment, to send it whole back with the students' annotation + 1.
+
+    As `kubectl edit` does: every field goes back as it was read, so a blind write erases what a
+    controller wrote in between, which the job counts on the student's lane.
+    """
+    deployment = Deployment.objects.filter(job=job).order_by("pk").first()
+    if deployment is None:
+        return Pressed(409, "The job has not made its Deployment yet: press again in a moment.")
+    try:
+        count = int(deployment.annotations.get(PRESS_ANNOTATION, 0))
+    except (TypeError, ValueError):
+        count = 0
+    changes = {
+        "replicas": deployment.replicas,
+        "labels": deployment.labels,
+        "annotations": {**deployment.annotations, PRESS_ANNOTATION: str(count + 1)},
+        "status": deployment.status,
+    }
+    return Read(job, student, deployment, changes, f"{PRESS_ANNOTATION} {count} → {count + 1}", _think_s(job))
+
+
+_PRESSES: dict[str, Callable[[Job, Student], Read | Pressed]] = {
+    "counter": _plus_one_counter,
+    "controllers": _plus_one_deployment,
+}
+
+
+def takes_presses(scenario: str) -> bool:
+    return scenario in _PRESSES
