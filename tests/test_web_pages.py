@@ -115,7 +115,8 @@ def test_a_preset_fills_the_form(signed_in: Client) -> None:
     html = signed_in.get("/jobs/new/counter/?preset=lost-update-demo").content.decode()
     assert '<option value="none" selected>' in html
     assert 'name="writers" value="8"' in html
-    assert 'name="think_ms" value="5"' in html
+    assert 'name="think_ms" value="20"' in html
+    assert 'name="seconds" value="8"' in html  # set by time: long enough to watch, and it ends by itself
     partial = signed_in.get("/jobs/new/counter/?preset=k8s-default-backoff", headers={"HX-Request": "true"})
     text = partial.content.decode()
     assert text.lstrip().startswith('<div id="launch">')
