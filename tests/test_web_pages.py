@@ -66,11 +66,14 @@ def test_sign_out_is_a_post(signed_in: Client) -> None:
 
 
 def test_home_shows_only_the_scenarios_that_exist_and_the_jobs(signed_in: Client, alice: User) -> None:
-    running = Job.objects.create(scenario="counter", params={"strategy": "occ", "writers": 7}, status="running")
+    running = Job.objects.create(
+        scenario="counter", params={"strategy": "occ", "writers": 7}, status="running", created_by=alice
+    )
     done = Job.objects.create(
         scenario="counter",
         params={"strategy": "none", "writers": 8},
         status="succeeded",
+        created_by=alice,
         invariant_ok=True,
         summary={"conflicts": 0, "lost_updates": 42, "invariant": "42 updates lost, counted exactly"},
     )
