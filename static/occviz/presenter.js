@@ -114,8 +114,8 @@
     if (presenting()) {
       const heading = parseFloat(getComputedStyle(root).fontSize) * 1.7; // the rate chart's title
       const room = Math.floor(viz.getBoundingClientRect().bottom - timeline.getBoundingClientRect().bottom - heading - 10);
-      viz.classList.toggle("cramped", room < 90);
-      rates.style.setProperty("--chart-height", String(Math.max(90, Math.min(320, room))));
+      viz.classList.toggle("cramped", room < 70);
+      rates.style.setProperty("--chart-height", String(Math.max(70, Math.min(320, room))));
     } else {
       viz.classList.remove("cramped");
       rates.style.removeProperty("--chart-height");
@@ -388,7 +388,32 @@
     }).observe(container, { childList: true, subtree: true, attributes: true, attributeFilter: ["data-last-seq", "data-seq-shown"] });
   }
 
+  /** In presenter mode, the way on (a lesson's next step, its run, a job of it) stays in presenter mode. */
+  function keepPresenting(ev) {
+    if (!presenting()) return;
+    const staysIn = (url) => url.origin === window.location.origin && /^\/(jobs|lessons)\//.test(url.pathname);
+    if (ev.type === "click") {
+      const link = ev.target.closest && ev.target.closest("a[href]");
+      if (!link || link.hasAttribute("download")) return;
+      const url = new URL(link.href, window.location.href);
+      if (staysIn(url) && !url.searchParams.has("present")) {
+        url.searchParams.set("present", "1");
+        link.href = url.href;
+      }
+    } else if (ev.target.matches("form") && staysIn(new URL(ev.target.action, window.location.href))) {
+      if (!ev.target.querySelector("input[name=present]")) {
+        const input = document.createElement("input");
+        input.type = "hidden";
+        input.name = "present";
+        input.value = "1";
+        ev.target.append(input);
+      }
+    }
+  }
+
   function init() {
+    document.addEventListener("click", keepPresenting, true);
+    document.addEventListener("submit", keepPresenting, true);
     document.addEventListener("keydown", onKey);
     for (const button of document.querySelectorAll("[data-present]")) {
       button.addEventListener("click", (ev) => {

@@ -17,7 +17,9 @@ from playwright.sync_api import Browser, Page, expect
 from occviz.jobs.models import Job
 from occviz.jobs.runner import run_job
 from occviz.jobs.tasks import create_job, launch
+from occviz.lessons.models import Lesson
 from tests.browser.test_web_browser import sign_in
+from tests.test_lessons import STORY, ship
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -82,10 +84,10 @@ CUT = """(selector) => {
 }"""
 
 
-def shot(page: Page, name: str) -> None:
+def shot(page: Page, name: str, *, full_page: bool = False) -> None:
     SHOTS.mkdir(exist_ok=True)
     size = page.viewport_size or {"width": 0, "height": 0}
-    page.screenshot(path=str(SHOTS / f"{size['width']}x{size['height']}-{name}.png"))
+    page.screenshot(path=str(SHOTS / f"{size['width']}x{size['height']}-{name}.png"), full_page=full_page)
 
 
 def assert_fits(page: Page, name: str) -> None:
@@ -128,7 +130,7 @@ def test_presenter_mode_shows_a_job_and_its_replay_on_one_screen(
         == "16"
     )
     assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
-    shot(page, f"{slug}-normal-large")
+    shot(page, f"{slug}-normal-large", full_page=True)
     page.click("[data-large-type]")
 
     # The Present button: presenter mode (full screen where the browser allows it), one screen.
@@ -233,3 +235,24 @@ def test_keys_pause_select_kill_and_run_again_a_live_leader_election(
     assert (again.scenario, again.params, again.created_by) == (job.scenario, job.params, teacher)
     expect(page.locator("body")).to_have_class(re.compile(r"\bpresenting\b"))
     again.request_cancel()
+
+
+def test_a_lesson_step_presented_runs_its_job_in_presenter_mode(presenter: Page, app_url: str) -> None:
+    page = presenter
+    ship()
+    step = Lesson.objects.get(slug=STORY).ordered_steps()[0]
+    step.params = {"seconds": 1}  # the preset's watchable run is not what is checked here
+    step.save(update_fields=["params"])
+    page.goto(f"{app_url}/lessons/{STORY}/1/")
+    page.click("[data-present]")  # the button, not the URL: what follows must stay in presenter mode
+    expect(page.locator("body")).to_have_class(re.compile(r"\bpresenting\b"))
+    expect(page.locator(".topbar")).to_be_hidden()
+    expect(page.locator("[data-run-step]")).to_be_visible()
+    assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
+    shot(page, "lesson-step-presenting")
+    page.click("[data-run-step]")
+    page.wait_for_url(re.compile(r"/jobs/\d+/\?present=1$"))
+    expect(page.locator("body")).to_have_class(re.compile(r"\bpresenting\b"))
+    expect(page.locator("[data-lesson-of-job]")).to_contain_text("step 1 of")
+    expect(page.locator("#live-status .status")).to_have_text("succeeded", timeout=30_000)
+    assert_fits(page, "lesson-job-presenting")
