@@ -66,11 +66,14 @@ def test_sign_out_is_a_post(signed_in: Client) -> None:
 
 
 def test_home_shows_only_the_scenarios_that_exist_and_the_jobs(signed_in: Client, alice: User) -> None:
-    running = Job.objects.create(scenario="counter", params={"strategy": "occ", "writers": 7}, status="running")
+    running = Job.objects.create(
+        scenario="counter", params={"strategy": "occ", "writers": 7}, status="running", created_by=alice
+    )
     done = Job.objects.create(
         scenario="counter",
         params={"strategy": "none", "writers": 8},
         status="succeeded",
+        created_by=alice,
         invariant_ok=True,
         summary={"conflicts": 0, "lost_updates": 42, "invariant": "42 updates lost, counted exactly"},
     )
@@ -115,7 +118,8 @@ def test_a_preset_fills_the_form(signed_in: Client) -> None:
     html = signed_in.get("/jobs/new/counter/?preset=lost-update-demo").content.decode()
     assert '<option value="none" selected>' in html
     assert 'name="writers" value="8"' in html
-    assert 'name="think_ms" value="5"' in html
+    assert 'name="think_ms" value="20"' in html
+    assert 'name="seconds" value="8"' in html  # set by time: long enough to watch, and it ends by itself
     partial = signed_in.get("/jobs/new/counter/?preset=k8s-default-backoff", headers={"HX-Request": "true"})
     text = partial.content.decode()
     assert text.lstrip().startswith('<div id="launch">')

@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from occviz.web import views
+from occviz.web import again, views
 
 urlpatterns = [
     path("", views.home, name="home"),
@@ -17,6 +17,7 @@ urlpatterns = [
     path("jobs/<int:job_id>/", views.job_detail, name="job_detail"),
     path("jobs/<int:job_id>/cancel/", views.job_cancel, name="job_cancel"),
     path("jobs/<int:job_id>/control/", views.job_control, name="job_control"),
+    path("jobs/<int:job_id>/again/", again.job_again, name="job_again"),
     path("jobs/<int:job_id>/events.json", views.job_events, name="job_events"),
     path("jobs/<int:job_id>/summary.json", views.job_summary, name="job_summary"),
     path("jobs/<int:job_id>/snapshot.json", views.job_snapshot, name="job_snapshot"),

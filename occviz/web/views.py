@@ -87,10 +87,28 @@ def _with_setup(jobs: Any) -> list[Job]:
     return listed
 
 
-def _jobs_context() -> dict[str, Any]:
-    active = Job.objects.filter(status__in=[Job.Status.QUEUED, Job.Status.RUNNING]).select_related("created_by")
-    recent = Job.objects.filter(status__in=Job.FINISHED).select_related("created_by")[:RECENT_JOBS]
-    return {"active_jobs": _with_setup(active.order_by("id")), "recent_jobs": _with_setup(recent)}
+JOB_FILTERS = ("mine", "all")
+
+
+def _jobs_filter(request: HttpRequest) -> str:
+    """`?jobs=mine|all`: whose jobs the home page lists. Mine by default, so that benchmark runs (launched by
+    no one or by a bench user) and colleagues' jobs do not push a teacher's own off the list."""
+    chosen = request.GET.get("jobs", "")
+    return chosen if chosen in JOB_FILTERS else "mine"
+
+
+def _jobs_context(request: HttpRequest) -> dict[str, Any]:
+    shown = _jobs_filter(request)
+    jobs = Job.objects.select_related("created_by")
+    if shown == "mine":
+        jobs = jobs.filter(created_by_id=request.user.pk)
+    active = jobs.filter(status__in=[Job.Status.QUEUED, Job.Status.RUNNING])
+    recent = jobs.filter(status__in=Job.FINISHED)[:RECENT_JOBS]
+    return {
+        "active_jobs": _with_setup(active.order_by("id")),
+        "recent_jobs": _with_setup(recent),
+        "jobs_filter": shown,
+    }
 
 
 @require_safe
@@ -108,8 +126,8 @@ def favicon(request: HttpRequest) -> HttpResponseBase:
 @login_required
 def home(request: HtmxHttpRequest) -> HttpResponse:
     if request.htmx:
-        return render(request, "web/home.html#jobs", _jobs_context())
-    return render(request, "web/home.html", {"scenarios": list(SCENARIOS.values()), **_jobs_context()})
+        return render(request, "web/home.html#jobs", _jobs_context(request))
+    return render(request, "web/home.html", {"scenarios": list(SCENARIOS.values()), **_jobs_context(request)})
 
 
 def _form_sections(spec: Scenario, form: forms.Form) -> list[tuple[str, list[forms.BoundField]]]:

@@ -61,6 +61,7 @@
     let ended = false;
 
     const draw = () => {
+      if (O.frozen) return; // presenter mode's pause: events keep arriving, the drawing waits
       // Live: the whole run while it is short, then the latest 10 s scrolling by.
       const t1 = finished ? Math.max(model.maxT, 1) : Math.max(model.maxT, 1000);
       const t0 = finished || t1 <= 10000 ? 0 : t1 - 10000;
@@ -288,6 +289,21 @@
       }
     };
     play.addEventListener("click", () => setPlaying(!playing));
+    // Presenter mode's keys: play/pause, and one event back or forward.
+    page.occvizReplay = {
+      toggle: () => !play.disabled && setPlaying(!playing),
+      step(direction) {
+        if (play.disabled) return;
+        setPlaying(false);
+        if (direction > 0 && shown < all.length) moveTo(all[shown].t_ms);
+        else if (direction < 0 && shown > 0) {
+          const latest = all[shown - 1].t_ms;
+          let i = shown - 1;
+          while (i > 0 && all[i - 1].t_ms >= latest) i--;
+          moveTo(i > 0 ? all[i - 1].t_ms : -1);
+        }
+      },
+    };
     scrub.addEventListener("input", () => moveTo(Number(scrub.value)));
 
     loadRun(page, loadNote).then((run) => {

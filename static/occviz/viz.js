@@ -43,11 +43,15 @@
       this.actors = this.data.actors || [];
       // Lanes of writers from outside the job (the admin, the API): named by their events' detail.lane.
       this.laneNames = {};
+      // The kinds of event seen so far (presenter mode's legend shows only these).
+      this.seen = new Set();
     }
 
     static fromPage(id = "scenario-vocabulary") {
       const el = document.getElementById(id);
-      return new Vocabulary(el ? JSON.parse(el.textContent) : null);
+      const vocabulary = new Vocabulary(el ? JSON.parse(el.textContent) : null);
+      Vocabulary.onPage.push(vocabulary); // presenter mode recolours them in place
+      return vocabulary;
     }
 
     kind(name) {
@@ -97,6 +101,8 @@
     }
   }
 
+  Vocabulary.onPage = [];
+
   /** What the timeline and the rate chart draw of a job, accumulated from its events in seq order. */
   class JobModel {
     constructor(vocabulary) {
@@ -143,6 +149,7 @@
       if (e.t_ms > this.maxT) this.maxT = e.t_ms;
       if (e.actor > this.maxActor) this.maxActor = e.actor;
       if (e.detail && e.detail.lane) this.vocabulary.laneNames[e.actor] = e.detail.lane;
+      this.vocabulary.seen.add(e.kind);
       if (e.kind in this.bins) {
         const bin = Math.max(0, Math.floor(e.t_ms / BASE_BIN_MS));
         const values = this.bins[e.kind];
@@ -169,6 +176,11 @@
       for (const kind of this.vocabulary.rates) rates[kind] = fold(this.bins[kind]);
       return { bin_ms: binMs, rates };
     }
+  }
+
+  /** The canvases' text size in px: the page's --canvas-text (A+ and presenter mode raise it), else 12. */
+  function textPx(canvas) {
+    return Number(getComputedStyle(canvas).getPropertyValue("--canvas-text")) || 12;
   }
 
   function setupCanvas(canvas, cssHeight) {
@@ -225,15 +237,25 @@
       });
     }
 
-    layout(lanes) {
-      const laneH = lanes <= 8 ? 28 : lanes <= 16 ? 18 : lanes <= 32 ? 10 : 6;
-      return { top: 8, left: 96, laneH, height: 8 + lanes * laneH + 24 };
+    layout(lanes, px, names) {
+      const base = lanes <= 8 ? 28 : lanes <= 16 ? 18 : lanes <= 32 ? 10 : 6;
+      // Larger text needs taller lanes (while they are few enough to label) and a wider name column.
+      const laneH = base >= 18 ? Math.max(base, Math.round(px * 1.9)) : base;
+      const left = Math.max(96, Math.ceil(names) + 12);
+      return { top: 8, left, laneH, height: 8 + lanes * laneH + px * 2 };
     }
 
     /** Draw `events` (sorted by t_ms) with t in [t0, t1]; `cursor`, if given, marks the moment shown. */
     draw(model, { t0, t1, events, cursor }, canvas = this.canvas) {
       const lanes = model.lanes;
-      const lay = this.layout(lanes);
+      // Sized by the page's canvas (its type size follows A+), drawn on `canvas` (the page's, or a copy).
+      const px = textPx(this.canvas);
+      const font = `${px}px system-ui, sans-serif`;
+      const measure = this.canvas.getContext("2d");
+      measure.font = font;
+      let names = 0;
+      for (let w = 1; w <= Math.min(lanes, 64); w++) names = Math.max(names, measure.measureText(model.vocabulary.actorName(w)).width);
+      const lay = this.layout(lanes, px, names);
       const { ctx, width, height } = setupCanvas(canvas, lay.height);
       const plotW = width - lay.left - 10;
       const span = Math.max(1, t1 - t0);
@@ -244,7 +266,7 @@
       if (canvas === this.canvas) this.view = view;
       this.canvas.dataset.lanes = String(lanes);
       ctx.clearRect(0, 0, width, height);
-      ctx.font = "12px system-ui, sans-serif";
+      ctx.font = font;
       ctx.textBaseline = "middle";
       for (let w = 1; w <= lanes; w++) {
         const y = laneY(w);
@@ -257,7 +279,7 @@
           ctx.fillText(model.vocabulary.actorName(w), 4, y + lay.laneH / 2);
         }
       }
-      this.drawAxis(ctx, lay, x, t0, t1, lanes);
+      this.drawAxis(ctx, lay, x, t0, t1, lanes, px, width);
       // A scenario's own drawing under the marks (leadership bands, say).
       if (model.plugin.drawLanes) model.plugin.drawLanes(ctx, view);
       const from = firstAtOrAfter(events, t0 - T_SLACK_MS - 2000);
@@ -278,9 +300,11 @@
       if (canvas === this.canvas) drawn(canvas, (target) => this.draw(model, { t0, t1, events, cursor }, target), { model, t0, t1 });
     }
 
-    drawAxis(ctx, lay, x, t0, t1, lanes) {
+    drawAxis(ctx, lay, x, t0, t1, lanes, px, width) {
       const yAxis = lay.top + lanes * lay.laneH;
-      const step = niceMax((t1 - t0) / 8);
+      // As many time labels as fit, each about six characters wide.
+      const room = Math.max(2, Math.min(8, Math.floor((x(t1) - x(t0)) / (px * 6))));
+      const step = niceMax((t1 - t0) / room);
       ctx.fillStyle = "#4a5568";
       ctx.strokeStyle = "#d5dae1";
       ctx.lineWidth = 1;
@@ -290,7 +314,8 @@
         ctx.moveTo(x(t), lay.top);
         ctx.lineTo(x(t), yAxis + 4);
         ctx.stroke();
-        ctx.fillText(fmtMs(t), x(t), yAxis + 14);
+        const label = fmtMs(t);
+        ctx.fillText(label, Math.min(x(t), width - 2 - ctx.measureText(label).width / 2), yAxis + 4 + px * 0.9);
       }
       ctx.textAlign = "left";
     }
@@ -298,7 +323,7 @@
     mark(ctx, kind, e, x, y, h, t0, t1) {
       const cx = x(e.t_ms);
       const cy = y + h / 2;
-      const r = Math.max(2, Math.min(6, h / 3));
+      const r = Math.max(2, Math.min(h >= 28 ? h / 4 : 6, h / 3));
       ctx.fillStyle = kind.color;
       ctx.strokeStyle = kind.color;
       ctx.lineWidth = 2;
@@ -458,9 +483,12 @@
 
     /** `series` from JobModel.series or the compare view; yMax and xMaxMs let charts share a scale. */
     draw(series, { yMax, xMaxMs, cursor } = {}, canvas = this.canvas) {
-      const { ctx, width, height } = setupCanvas(canvas, this.cssHeight);
-      const left = 56;
-      const bottom = height - 22;
+      // A page may set the chart's height in CSS (--chart-height: presenter mode fits it to the screen).
+      const cssHeight = Number(getComputedStyle(this.canvas).getPropertyValue("--chart-height")) || this.cssHeight;
+      const { ctx, width, height } = setupCanvas(canvas, cssHeight);
+      const px = textPx(this.canvas);
+      const left = Math.round(px * 4.6);
+      const bottom = height - Math.round(px * 1.8);
       const top = 10;
       const plotW = width - left - 10;
       const per = 1000 / series.bin_ms;
@@ -471,7 +499,7 @@
       const x = (t) => left + (t / xMax) * plotW;
       const y = (v) => bottom - (v / ymax) * (bottom - top);
       ctx.clearRect(0, 0, width, height);
-      ctx.font = "12px system-ui, sans-serif";
+      ctx.font = `${px}px system-ui, sans-serif`;
       ctx.fillStyle = "#4a5568";
       ctx.strokeStyle = "#d5dae1";
       ctx.lineWidth = 1;
@@ -488,14 +516,14 @@
       ctx.textAlign = "center";
       // About one time label per 72 px, so narrow charts (compare's columns) do not run them together;
       // the last is kept inside the canvas.
-      const step = niceMax(xMax / Math.max(2, Math.floor(plotW / 72)));
+      const step = niceMax(xMax / Math.max(2, Math.floor(plotW / (px * 6))));
       for (let t = 0; t <= xMax; t += step) {
         const label = fmtMs(t);
-        ctx.fillText(label, Math.min(x(t), width - 2 - ctx.measureText(label).width / 2), bottom + 12);
+        ctx.fillText(label, Math.min(x(t), width - 2 - ctx.measureText(label).width / 2), bottom + px);
       }
       ctx.textAlign = "left";
       let labelX = left + 8;
-      let labelY = top + 8;
+      let labelY = top + px * 0.7;
       kinds.forEach((kind, k) => {
         const color = this.vocabulary.color(kind);
         const dash = RATE_DASHES[k % RATE_DASHES.length];
@@ -514,7 +542,7 @@
         const labelW = ctx.measureText(label).width + LEGEND_LINE;
         if (labelX > left + 8 && labelX + labelW > left + plotW) {
           labelX = left + 8; // a legend wider than the chart goes on to a second line
-          labelY += 15;
+          labelY += Math.round(px * 1.25);
         }
         // The legend shows each line's dash too: the lines are told apart by more than colour.
         ctx.beginPath();
@@ -568,14 +596,31 @@
     return page;
   }
 
+  // While the live view is frozen (presenter mode's space), the newest fragment of each id waits here.
+  const held = new Map();
+
   /** Swap in the server-rendered fragments of a frame: each top-level element replaces the one with its id. */
   function swapFragments(html) {
     const template = document.createElement("template");
     template.innerHTML = html;
     for (const fresh of [...template.content.children]) {
-      const current = fresh.id && document.getElementById(fresh.id);
-      if (current) current.replaceWith(fresh);
+      if (window.Occviz.frozen && fresh.id) held.set(fresh.id, fresh);
+      else replaceById(fresh);
     }
+  }
+
+  function replaceById(fresh) {
+    const current = fresh.id && document.getElementById(fresh.id);
+    if (current) current.replaceWith(fresh);
+  }
+
+  /** Freeze or resume the live view's drawing; resumed, it catches up with what arrived meanwhile. */
+  function setFrozen(on) {
+    window.Occviz.frozen = on;
+    if (on) return;
+    for (const fresh of held.values()) replaceById(fresh);
+    held.clear();
+    window.dispatchEvent(new Event("resize")); // the pages redraw on resize
   }
 
   window.Occviz = {
@@ -587,7 +632,10 @@
     loadEvents,
     eventsFromArrays,
     swapFragments,
+    setFrozen,
+    frozen: false,
     fmtMs,
+    textPx,
     displayBin,
     drawn,
     plugins,

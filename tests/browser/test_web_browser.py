@@ -113,6 +113,7 @@ def test_a_lost_update_demo_reports_the_lost_updates(page: Page, app_url: str, t
     page.click("[data-preset=lost-update-demo]")
     expect(page.locator("select[name=strategy]")).to_have_value("none")
     expect(page.locator("input[name=writers]")).to_have_value("8")
+    page.fill("input[name=seconds]", "1")  # the preset runs long enough to watch; a second loses updates too
     page.click("button:has-text('Launch')")
     page.wait_for_url(re.compile(r"/jobs/\d+/$"))
     expect(page.locator("#live-status .verdict")).to_contain_text("updates lost", timeout=30_000)

@@ -240,25 +240,25 @@ class CounterRace(Scenario):
             "lost-update-demo",
             "Lost update demo",
             "Blind writes with think time: updates vanish, and the job counts them.",
-            {"strategy": "none", "writers": 8, "increments": 50, "think_ms": 5},
+            {"strategy": "none", "writers": 8, "seconds": 8, "think_ms": 20},
         ),
         Preset(
             "k8s-default-backoff",
             "k8s default backoff",
             "Compare-and-swap retried with client-go's DefaultBackoff (10, 50, 250 ms; 4 steps).",
-            {"strategy": "occ", "retry": "k8s-default-backoff", "writers": 8, "increments": 50, "think_ms": 2},
+            {"strategy": "occ", "retry": "k8s-default-backoff", "writers": 8, "seconds": 8, "think_ms": 10},
         ),
         Preset(
             "k8s-default-retry",
             "k8s default retry",
             "Compare-and-swap retried with client-go's DefaultRetry (10 ms, 5 steps): watch the give-ups.",
-            {"strategy": "occ", "retry": "k8s-default-retry", "writers": 8, "increments": 50, "think_ms": 2},
+            {"strategy": "occ", "retry": "k8s-default-retry", "writers": 8, "seconds": 8, "think_ms": 10},
         ),
         Preset(
             "pessimistic-lock-queue",
             "Pessimistic lock queue",
             "SELECT ... FOR UPDATE: no conflicts, writers queue on the row lock instead.",
-            {"strategy": "pessimistic", "lock": "update", "writers": 8, "increments": 50, "think_ms": 2},
+            {"strategy": "pessimistic", "lock": "update", "writers": 8, "seconds": 8, "think_ms": 10},
         ),
         Preset(
             "serializable-retries",
@@ -270,15 +270,15 @@ class CounterRace(Scenario):
                 "retry": "k8s-default-retry",
                 "max_attempts": 20,
                 "writers": 8,
-                "increments": 50,
-                "think_ms": 2,
+                "seconds": 8,
+                "think_ms": 10,
             },
         ),
         Preset(
             "atomic-increment",
             "Atomic increment",
             "UPDATE ... SET value = value + 1: no read-modify-write, nothing to conflict on.",
-            {"strategy": "atomic", "writers": 8, "increments": 200},
+            {"strategy": "atomic", "writers": 8, "seconds": 5},
         ),
     )
 

@@ -239,13 +239,13 @@ class LeaderElectionScenario(Scenario):
             "classroom",
             "Classroom",
             "Three replicas on a 3 s lease (renew deadline 2 s, retry every 0.5 s): transitions you can watch.",
-            {"replicas": 3, "lease_duration": 3, "renew_deadline": 2, "retry_period": 0.5, "seconds": 30},
+            {"replicas": 3, "lease_duration": 3, "renew_deadline": 2, "retry_period": 0.5, "seconds": 20},
         ),
         Preset(
             "client-go-defaults",
             "client-go defaults",
             "kube-controller-manager's timings: a 15 s lease, renew deadline 10 s, retry every 2 s.",
-            {"replicas": 3, "lease_duration": 15, "renew_deadline": 10, "retry_period": 2, "seconds": 60},
+            {"replicas": 3, "lease_duration": 15, "renew_deadline": 10, "retry_period": 2, "seconds": 20},
         ),
         Preset(
             "kill-the-leader",

@@ -287,13 +287,13 @@ class QuotaRace(Scenario):
             "two-pods-one-gpu",
             "Two pods, one GPU",
             "Two pods ask for the quota's only GPU at once: one is admitted, the other re-reads and is denied.",
-            {"pods": 2, "hard": 1, "request": 1, "workers": 2, "think_ms": 20},
+            {"pods": 2, "hard": 1, "request": 1, "workers": 2, "think_ms": 1500, "seconds": 6},
         ),
         Preset(
             "hundred-pods-ten-slots",
             "A hundred pods for ten slots",
             "100 pods race for 10 GPUs through 8 admission workers: conflicts and retries, exactly 10 admitted.",
-            {"pods": 100, "hard": 10, "request": 1, "workers": 8, "think_ms": 5},
+            {"pods": 100, "hard": 10, "request": 1, "workers": 8, "think_ms": 100, "seconds": 10},
         ),
         Preset(
             "leak-and-repair",

@@ -45,20 +45,25 @@
     const q = model.quota;
     const dpr = window.devicePixelRatio || 1;
     const width = canvas.clientWidth || 600;
+    // Its height and text follow the page's (A+, presenter mode), as the other charts' do: read from the
+    // chart on the page, also when drawing a copy (an SVG download).
+    const shown = chartCanvas() || canvas;
+    const height = Number(getComputedStyle(shown).getPropertyValue("--chart-height")) || CHART_HEIGHT;
+    const px = window.Occviz.textPx(shown);
     canvas.width = Math.round(width * dpr);
-    canvas.height = Math.round(CHART_HEIGHT * dpr);
-    canvas.style.height = CHART_HEIGHT + "px";
+    canvas.height = Math.round(height * dpr);
+    canvas.style.height = height + "px";
     const ctx = canvas.getContext("2d");
     ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
-    ctx.clearRect(0, 0, width, CHART_HEIGHT);
-    const top = 22;
-    const bottom = CHART_HEIGHT - 10;
+    ctx.clearRect(0, 0, width, height);
+    const top = Math.round(px * 1.9);
+    const bottom = height - 10;
     const plotW = width - left - 10;
     const span = Math.max(1, t1 - t0);
     const maxV = Math.max(q.hard, ...q.used.map((p) => p.v), ...q.actual.map((p) => p.v), 1);
     const x = (t) => left + ((Math.min(Math.max(t, t0), t1) - t0) / span) * plotW;
     const y = (v) => bottom - (v / (maxV * 1.1)) * (bottom - top);
-    ctx.font = "12px system-ui, sans-serif";
+    ctx.font = `${px}px system-ui, sans-serif`;
     ctx.textBaseline = "middle";
     // The resyncs: the marked moments the gap closes at.
     ctx.setLineDash([4, 3]);
@@ -96,12 +101,12 @@
       ctx.setLineDash(dash);
       step(ctx, points, x, y, model.maxT);
       ctx.beginPath();
-      ctx.moveTo(labelX, 10);
-      ctx.lineTo(labelX + 18, 10);
+      ctx.moveTo(labelX, Math.round(px * 0.8));
+      ctx.lineTo(labelX + 18, Math.round(px * 0.8));
       ctx.stroke();
       ctx.setLineDash([]);
       ctx.fillStyle = color;
-      ctx.fillText(label, labelX + 24, 10);
+      ctx.fillText(label, labelX + 24, Math.round(px * 0.8));
       labelX += ctx.measureText(label).width + 42;
     }
     ctx.fillStyle = "#4a5568";
