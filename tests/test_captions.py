@@ -69,7 +69,9 @@ def stored_events(job_id: int) -> list[dict[str, Any]]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("scenario", "params", "expected"), JOBS, ids=lambda value: "")
+@pytest.mark.parametrize(
+    ("scenario", "params", "expected"), JOBS, ids=[f"{s}-{'-'.join(sorted(e))}" for s, _, e in JOBS]
+)
 def test_every_recorded_event_of_a_captioned_kind_reads_whole(
     scenario: str, params: dict[str, Any], expected: set[str]
 ) -> None:

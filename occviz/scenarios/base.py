@@ -173,6 +173,9 @@ def fill(template: str, event: Mapping[str, Any], who: str) -> str | None:
             return format_ms(float(value))
         if match[2] == "s":
             return f"{float(value):.1f} s"
+        # As the browser writes a number (JSON has no 1.0, only 1): the same words on both sides.
+        if isinstance(value, float) and value.is_integer():
+            return str(int(value))
         return str(value)
 
     text = _PLACEHOLDER.sub(replace, template)
