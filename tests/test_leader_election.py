@@ -543,4 +543,5 @@ def test_the_wording_of_failovers_and_stale_leaders() -> None:
     woke_as_follower = {"actor": 3, "kind": "woke", "detail": '{"seconds": 2.5, "believes_leader": false}'}
     assert sentence(woke_as_follower) == "replica-3 woke from a 2.5 s pause as a follower."
     skewed = {"actor": 2, "kind": "skewed", "detail": {"seconds": -30.0, "behind_s": 30.0}}
-    assert sentence(skewed, who="replica two") == "replica two's clock now runs 30.0 s behind."
+    # Worded as the browser words it: a whole number of seconds without ".0".
+    assert sentence(skewed, who="replica two") == "replica two's clock now runs 30 s behind."

@@ -7,8 +7,9 @@ the JSON stream's `hello` are built:
 
 - its parameters form: the only place each parameter's default, limits and help live;
 - its presets, its actors' names, and its live state (the contended objects now);
-- the event kinds it records, each with its sentence and its mark on the timeline
-  (`EventKind`: the one vocabulary, sent to browsers rather than copied into scripts);
+- the event kinds it records, each with its sentence, its mark on the timeline and, for
+  the kinds of interest, a caption saying what just happened and its Kubernetes
+  counterpart (`EventKind`: the one vocabulary, sent to browsers rather than copied into scripts);
 - the figures counted from its events (`Figure`), live, in replay and in compare;
 - `run()`, which runs its actors and returns its summary with the invariant's verdict.
 
@@ -31,6 +32,7 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 
 from occviz.jobs.figures import Figure
+from occviz.jobs.recorder import EVENT_COLUMNS
 from occviz.jobs.registry import ParamsError
 from occviz.jobs.snapshots import State
 
@@ -57,6 +59,8 @@ __all__ = [
 MARKS = ("tick", "dot", "cross", "bar-after", "bar-before", "triangle", "square", "diamond", "star")
 
 _PLACEHOLDER = re.compile(r"\{([a-z_][a-z_.0-9]*)(?::(ms|s))?\}")
+# What a placeholder may name besides `detail.<key>`: an event's stored fields and the two `_value` derives.
+_KNOWN_FIELDS = frozenset({"seq", *EVENT_COLUMNS, "who", "next_attempt"})
 
 
 @dataclass(frozen=True)
@@ -89,10 +93,30 @@ class EventKind:
     refused: bool = False
     """A write to the event's `row` refused for a stale version (`version_read` the one it had read): a conflict in
     the object's history."""
+    captions: tuple[str, ...] = ()
+    """One sentence a class reads as it happens: what just happened, and its Kubernetes counterpart. Templates as
+    `sentences` (the first whose values are all there); a kind without any is not captioned."""
+    key: bool = False
+    """A moment that matters (a failover, a fenced write, a resync, an erased field): pinned in the key moments."""
+    plural: str = ""
+    """A captioned kind's events counted when they come faster than captions can be read ("and 41 more conflicts")."""
+    singular: str = ""
+    """The same for one of them ("and one more conflict"); by default the label."""
 
     def __post_init__(self) -> None:
         if self.mark not in MARKS:
             raise ValueError(f"event kind {self.name!r}: unknown mark {self.mark!r} (one of {', '.join(MARKS)})")
+        for template in (*self.sentences, *self.captions, self.explain, self.fold):
+            _check_template(self.name, template)
+        for caption in self.captions:
+            if "{" in _PLACEHOLDER.sub("", caption) or "}" in _PLACEHOLDER.sub("", caption):
+                raise ValueError(f"event kind {self.name!r}: a brace that is no placeholder in caption {caption!r}")
+        if self.captions and not self.plural:
+            raise ValueError(f"event kind {self.name!r}: a captioned kind needs a plural noun to be counted by")
+        if self.key and not self.captions:
+            raise ValueError(f"event kind {self.name!r}: a key moment needs a caption to be listed by")
+        if any(not caption.strip() for caption in self.captions):
+            raise ValueError(f"event kind {self.name!r}: an empty caption")
 
     def sentence(self, event: Mapping[str, Any], who: str) -> str:
         for template in self.sentences:
@@ -100,6 +124,21 @@ class EventKind:
             if text is not None:
                 return text
         return f"{who}: {self.label}"
+
+    def caption(self, event: Mapping[str, Any], who: str) -> str | None:
+        """The event's caption: its first template with every value present, or None (not captioned)."""
+        return next((text for template in self.captions if (text := fill(template, event, who)) is not None), None)
+
+
+def _check_template(kind: str, template: str) -> None:
+    """Refuse a placeholder that names no field of an event: it could never be filled, here or in the browser."""
+    for match in _PLACEHOLDER.finditer(template):
+        path = match[1]
+        if path not in _KNOWN_FIELDS and not (path.startswith("detail.") and len(path) > len("detail.")):
+            raise ValueError(
+                f"event kind {kind!r}: unknown placeholder {{{path}}} in {template!r} "
+                f"(an event's field, detail.<key> or who)"
+            )
 
 
 def _value(event: Mapping[str, Any], path: str, who: str) -> Any:
@@ -134,13 +173,25 @@ def fill(template: str, event: Mapping[str, Any], who: str) -> str | None:
             return format_ms(float(value))
         if match[2] == "s":
             return f"{float(value):.1f} s"
+        # As the browser writes a number (JSON has no 1.0, only 1): the same words on both sides.
+        if isinstance(value, float) and value.is_integer():
+            return str(int(value))
         return str(value)
 
     text = _PLACEHOLDER.sub(replace, template)
     return None if missing else text
 
 
-ERROR = EventKind("error", "error", ("{who} failed: {detail.message}",), "#7a1010", "diamond")
+ERROR = EventKind(
+    "error",
+    "error",
+    ("{who} failed: {detail.message}",),
+    "#7a1010",
+    "diamond",
+    captions=("{who} failed and stopped: {detail.message}",),
+    key=True,
+    plural="errors",
+)
 """Recorded by the runner when an actor fails: every scenario's vocabulary has it."""
 
 
@@ -280,12 +331,20 @@ class Scenario:
             return f"{who}: {event['kind']}"
         return kind.sentence(event, who)
 
+    def caption(self, event: Mapping[str, Any]) -> str | None:
+        """The event's caption, or None for a kind that has none: the same words the pages show."""
+        kind = self.kind(event["kind"])
+        return None if kind is None else kind.caption(event, self.who(event))
+
     def vocabulary(self, params: Mapping[str, Any]) -> dict[str, Any]:
         """What a client needs to draw and word this scenario's jobs: sent in the stream's hello."""
         return {
             "name": self.name,
             "title": self.title,
-            "kinds": [asdict(kind) | {"sentences": list(kind.sentences)} for kind in self.kinds],
+            "kinds": [
+                asdict(kind) | {"sentences": list(kind.sentences), "captions": list(kind.captions)}
+                for kind in self.kinds
+            ],
             "figures": [figure.as_json() for figure in self.figures],
             "rates": list(self.rates),
             "actors": self.actor_names(params),

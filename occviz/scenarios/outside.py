@@ -116,6 +116,13 @@ def outside_conflict_kind(explain: str) -> EventKind:
         "#d62828",
         "cross",
         explain=explain,
+        captions=(
+            "{detail.writer} via {detail.via_words} got 409 Conflict: it had read v{version_read}, the store "
+            "holds v{detail.stored_version}. It is what `kubectl apply` prints when the object changed under it.",
+        ),
+        key=True,
+        plural="outside conflicts",
+        singular="outside conflict",
     )
 
 
@@ -127,4 +134,11 @@ def outside_deleted_kind(what: str, label: str = "deleted from outside") -> Even
         (f"{{detail.writer}} via {{detail.via_words}}: deleted {what} at v{{version_read}}",),
         "#7a1010",
         "square",
+        captions=(
+            f"{{detail.writer}} via {{detail.via_words}} deleted {what} at v{{version_read}} (a `kubectl delete`): "
+            "the job's writers find nothing left to update.",
+        ),
+        key=True,
+        plural="deletions",
+        singular="deletion",
     )

@@ -24,6 +24,19 @@
     });
   }
 
+  /** Tells the page's other scripts (captions.js) what happened: an `occviz:<name>` event on the document. */
+  function announce(name, detail) {
+    document.dispatchEvent(new CustomEvent(`occviz:${name}`, { detail }));
+  }
+
+  /** Adds events to the model, and announces those new to it (`mode`: live, or the history of a finished job). */
+  function addEvents(model, events, mode) {
+    const before = model.lastSeq;
+    model.add(events);
+    const added = events.filter((e) => e.seq > before);
+    if (added.length) announce("events", { events: added, model, mode });
+  }
+
   function modelFor() {
     return new O.JobModel(O.Vocabulary.fromPage());
   }
@@ -58,6 +71,7 @@
     const note = page.querySelector("[data-viz-note]");
     const eventsUrl = page.dataset.eventsUrl;
     let finished = page.dataset.finished === "1";
+    const mode = finished ? "history" : "live";
     let ended = false;
 
     const draw = () => {
@@ -82,7 +96,7 @@
     };
     const catchUp = (until) =>
       O.loadEvents(eventsUrl, model.lastSeq, (p) => {
-        model.add(p.events);
+        addEvents(model, p.events, mode);
         schedule();
       }, { until });
 
@@ -94,6 +108,7 @@
       page.dataset.finished = "1";
       schedule();
       parts.ended();
+      announce("job-end");
     };
 
     if (finished) {
@@ -120,7 +135,7 @@
           const complete = events && events.length === data.seq_to - data.seq_from + 1;
           // A gap (a dropped frame) or a frame sent as a range only: read what is missing from the store.
           if (data.seq_from > model.lastSeq + 1 || !complete) await catchUp(data.seq_to);
-          else model.add(events);
+          else addEvents(model, events, "live");
           schedule();
         });
       },
@@ -242,18 +257,24 @@
 
     const moveTo = (t) => {
       now = Math.max(0, Math.min(duration, t));
+      const added = [];
+      let reset = false;
       if (shown > 0 && all[shown - 1].t_ms > now) {
         // Back in time: rebuild from the start (a few ms even for 100,000 events).
         model.reset();
         shown = 0;
         seqShown = 0;
+        reset = true;
       }
       while (shown < all.length && all[shown].t_ms <= now) {
         const e = all[shown++];
         // Replay feeds events in time order, so seq order is not the guard here: add them directly.
         model.addOne(e);
+        added.push(e);
         if (e.seq > seqShown) seqShown = e.seq;
       }
+      const atEnd = now >= duration;
+      if (added.length || reset || atEnd) announce("events", { events: added, model, mode: "replay", reset, playing, atEnd });
       scrub.value = String(now);
       clock.textContent = `${O.fmtMs(now)} of ${O.fmtMs(duration)}`;
       // Figures, state and log as the server rendered them at this moment: the live page's own fragments.
@@ -281,6 +302,7 @@
     };
     const setPlaying = (on) => {
       playing = on;
+      page.dataset.playing = on ? "1" : "0";
       play.textContent = on ? "Pause" : "Play";
       last = null;
       if (on) {

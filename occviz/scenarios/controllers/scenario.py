@@ -119,6 +119,14 @@ class Controllers(Scenario):
             ring_when="overwrote",
             ring_label="blind write over newer versions",
             writes=True,
+            captions=(
+                "{who} set {detail.field} = {value_written} by writing back the whole object it read at "
+                "v{version_read}, over {detail.overwrote} newer version(s): an update without resourceVersion.",
+                "{who} set {detail.field} = {value_written} (v{version_read} → v{version_written}): nothing had "
+                "changed since its GET, so its update of the whole object was accepted.",
+            ),
+            plural="writes",
+            singular="write",
         ),
         EventKind(
             "conflict",
@@ -128,6 +136,11 @@ class Controllers(Scenario):
             "cross",
             explain=_CONFLICT_409,
             refused=True,
+            captions=(
+                "{who}'s update matched no row: v{version_read}, the version it read, is gone. In Kubernetes this "
+                "is the 409 Conflict a controller's Update gets: the object has been modified.",
+            ),
+            plural="conflicts",
         ),
         EventKind(
             "retry",
@@ -137,8 +150,26 @@ class Controllers(Scenario):
             "bar-after",
             folds_into="conflict",
             fold=", re-GET and re-apply in {duration_ms:ms}",
+            captions=(
+                "{who} waits {duration_ms:ms}, GETs the Deployment again and re-applies its one field: client-go's "
+                "retry.RetryOnConflict, so the other controller's change survives.",
+            ),
+            plural="retries",
+            singular="retry",
         ),
-        EventKind("gave_up", "gave up", ("{who} gave up after {attempt} attempts",), "#111111", "square"),
+        EventKind(
+            "gave_up",
+            "gave up",
+            ("{who} gave up after {attempt} attempts",),
+            "#111111",
+            "square",
+            captions=(
+                "{who} gave up after {attempt} attempts: RetryOnConflict returns the last 409, and a controller "
+                "requeues the object to reconcile it later.",
+            ),
+            plural="give-ups",
+            singular="give-up",
+        ),
         EventKind(
             "erased",
             "erased",
@@ -148,6 +179,13 @@ class Controllers(Scenario):
             ),
             "#b5179e",
             "star",
+            captions=(
+                "{who}'s write v{version_written} erased {detail.victim}'s {detail.field} = {value_read}: it wrote "
+                "back the whole object as read before v{detail.set_at}. A blind update loses a field, silently.",
+            ),
+            key=True,
+            plural="erased fields",
+            singular="erased field",
         ),
         EventKind(
             "outside_write",
@@ -162,6 +200,14 @@ class Controllers(Scenario):
             "dot",
             ring_when="blind",
             ring_label="blind write (no resourceVersion)",
+            captions=(
+                "{detail.writer} made a {detail.blind} write of the Deployment via {detail.via_words}, changing "
+                "{detail.changed}: without a resourceVersion, as `kubectl replace` of a file that has none.",
+                "{detail.writer} updated the Deployment via {detail.via_words} (v{version_read} → v{version_written}), "
+                "changing {detail.changed}, with the resourceVersion it had read.",
+            ),
+            key=True,
+            plural="outside writes",
         ),
         EventKind(
             "outside_erased",
@@ -172,6 +218,13 @@ class Controllers(Scenario):
             ),
             "#7c3aed",
             "star",
+            captions=(
+                "{who}'s write v{version_written} erased {detail.victim}'s {detail.field} = {value_read} (set at "
+                "v{detail.set_at}): an outside update of a stale copy, now {value_written}.",
+            ),
+            key=True,
+            plural="fields erased from outside",
+            singular="field erased from outside",
         ),
         outside_conflict_kind(_CONFLICT_409),
         outside_deleted_kind("the Deployment"),

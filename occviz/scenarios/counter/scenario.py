@@ -134,6 +134,16 @@ class CounterRace(Scenario):
             ring_when="overwrote",
             ring_label="blind write over newer versions",
             writes=True,
+            captions=(
+                "{who} wrote v{version_written} blindly over {detail.overwrote} newer version(s): their increments "
+                "are lost. In Kubernetes, an update without resourceVersion: last write wins, silently.",
+                "{who} committed v{version_written} (value {value_read} → {value_written}): no other write landed "
+                "between its read and its write. In Kubernetes, 200 OK.",
+                "{who} incremented in place (v{version_written}, value {value_written}): nothing was read first, so "
+                "nothing can conflict; the database adds 1 to whatever is stored.",
+            ),
+            plural="commits",
+            singular="commit",
         ),
         EventKind(
             "conflict",
@@ -143,6 +153,11 @@ class CounterRace(Scenario):
             "cross",
             explain=_CONFLICT_409,
             refused=True,
+            captions=(
+                "{who}'s update matched no row: v{version_read}, the version it read, is gone. In Kubernetes this "
+                "is the 409 Conflict `kubectl apply` prints: the object has been modified.",
+            ),
+            plural="conflicts",
         ),
         EventKind(
             "retry",
@@ -152,9 +167,24 @@ class CounterRace(Scenario):
             "bar-after",
             folds_into="conflict",
             fold=", retry {next_attempt} in {duration_ms:ms}",
+            captions=(
+                "{who} backs off {duration_ms:ms}, then reads again for attempt {next_attempt}: client-go's "
+                "retry.RetryOnConflict, waiting longer after each 409.",
+            ),
+            plural="retries",
+            singular="retry",
         ),
         EventKind(
-            "lock_wait", "lock wait", ("{who} waited {duration_ms:ms} for {detail.lock}",), "#1c64d6", "bar-before"
+            "lock_wait",
+            "lock wait",
+            ("{who} waited {duration_ms:ms} for {detail.lock}",),
+            "#1c64d6",
+            "bar-before",
+            captions=(
+                "{who} queued {duration_ms:ms} for the row lock ({detail.lock}): no conflict, a wait. The API "
+                "server takes no locks: etcd refuses a stale write instead of queueing it.",
+            ),
+            plural="lock waits",
         ),
         EventKind(
             "serialization_failure",
@@ -162,10 +192,36 @@ class CounterRace(Scenario):
             ("{who}'s transaction could not serialize access (SQLSTATE 40001)",),
             "#8b3fd9",
             "triangle",
+            captions=(
+                "{who}'s transaction was refused by PostgreSQL (SQLSTATE 40001, could not serialize access): "
+                "the database's own conflict, retried as a 409 is.",
+            ),
+            plural="serialization failures",
         ),
-        EventKind("gave_up", "gave up", ("{who} gave up after {attempt} attempts",), "#111111", "square"),
         EventKind(
-            "deadlock", "deadlock", ("{who} was chosen as a deadlock victim (SQLSTATE 40P01)",), "#7a1010", "diamond"
+            "gave_up",
+            "gave up",
+            ("{who} gave up after {attempt} attempts",),
+            "#111111",
+            "square",
+            captions=(
+                "{who} gave up after {attempt} attempts: its increment is not made. RetryOnConflict hands the "
+                "last 409 back to its caller once the backoff's steps run out.",
+            ),
+            plural="give-ups",
+            singular="give-up",
+        ),
+        EventKind(
+            "deadlock",
+            "deadlock",
+            ("{who} was chosen as a deadlock victim (SQLSTATE 40P01)",),
+            "#7a1010",
+            "diamond",
+            captions=(
+                "{who} was PostgreSQL's deadlock victim (SQLSTATE 40P01): two writers each held the row FOR SHARE "
+                "and waited for the other to write. The API server takes no locks, so never this.",
+            ),
+            plural="deadlocks",
         ),
         EventKind(
             "lock_timeout",
@@ -173,6 +229,8 @@ class CounterRace(Scenario):
             ("{who} timed out waiting for the lock (SQLSTATE 55P03)",),
             "#7a1010",
             "diamond",
+            captions=("{who} waited past lock_timeout for the row lock (SQLSTATE 55P03), and tries again.",),
+            plural="lock timeouts",
         ),
         EventKind(
             "outside_write",
@@ -189,6 +247,16 @@ class CounterRace(Scenario):
             "dot",
             ring_when="blind",
             ring_label="blind write (no resourceVersion)",
+            captions=(
+                "{detail.writer} wrote the counter via {detail.via_words} without a resourceVersion, erasing "
+                "{detail.erased} of the count: an unconditional update overwrites whatever is stored.",
+                "{detail.writer} made a {detail.blind} write of the counter via {detail.via_words} (value "
+                "{value_read} → {value_written}): without a resourceVersion, it is accepted whatever is stored.",
+                "{detail.writer} wrote the counter via {detail.via_words} with the resourceVersion it had read "
+                "(value {value_read} → {value_written}): a conditional update, as a careful client sends.",
+            ),
+            key=True,
+            plural="outside writes",
         ),
         outside_conflict_kind(_CONFLICT_409),
         outside_deleted_kind("{detail.name}"),

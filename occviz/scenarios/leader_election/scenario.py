@@ -131,8 +131,167 @@ _OUTSIDE = {
 _FAILOVER = "{who} acquired the lease (transition {value_written}), {detail.after_s} s after {detail.after}."
 
 
+# What a class reads as each of these happens, and what it is in Kubernetes (client-go's leaderelection);
+# with the noun its events are counted by when they come faster than captions can be read, and whether
+# it is a key moment, pinned in the page's list.
+_CAPTIONS: dict[str, tuple[tuple[str, ...], str, bool]] = {
+    "acquired": (
+        (
+            f"{_BY} took the lease (transition {{value_written}}): an outside client's update won the "
+            "compare-and-swap on the Lease, as any client holding the RBAC to update it can.",
+            "{who} waited out {detail.holder}'s lease and took it (transition {value_written}), {detail.after_s} s "
+            "after {detail.after}: timed by its own clock since it last saw the Lease change, never by the holder's "
+            "renewTime.",
+            "{who} took the released lease (transition {value_written}) {detail.after_s} s after {detail.after}: "
+            "an empty holderIdentity needs no waiting, so the handover takes one RetryPeriod.",
+            "{who} waited out {detail.holder}'s lease and took it (transition {value_written}): LeaseDuration by its "
+            "own clock since it last saw the Lease change, never by the holder's renewTime.",
+            "{who} acquired the lease (transition {value_written}): its update of the Lease won the "
+            "compare-and-swap, so it is the leader client-go's OnStartedLeading starts.",
+        ),
+        "acquisitions",
+        True,
+    ),
+    "renewed": (
+        (
+            "{who} renewed the lease: as leader it rewrites the Lease's renewTime every RetryPeriod, and each "
+            "write moves resourceVersion, which tells followers the holder is alive.",
+        ),
+        "renewals",
+        False,
+    ),
+    "backed_off": (
+        (
+            "{who} backed off: {detail.holder} holds a lease it saw change less than LeaseDuration ago, so "
+            "client-go's tryAcquireOrRenew gives up and tries again after RetryPeriod.",
+        ),
+        "back-offs",
+        False,
+    ),
+    "conflict": (
+        (
+            f"{_BY} got 409 Conflict: it had read v{{version_read}}, the Lease was at v{{detail.stored_version}}.",
+            "{who}'s update of the Lease matched no row: v{version_read} had moved on. In Kubernetes this is the "
+            "409 Conflict the elector gets, and it tries again after RetryPeriod.",
+        ),
+        "conflicts",
+        False,
+    ),
+    "renew_failed": (
+        (
+            "{who} could not renew ({detail.reason}): it retries every RetryPeriod, and steps down once "
+            "RenewDeadline has passed without a renewal.",
+        ),
+        "failed renewals",
+        False,
+    ),
+    "lost": (
+        (
+            "{who} stepped down: {detail.since_renew_s:s} without a renewal is past RenewDeadline. client-go calls "
+            "OnStoppedLeading, and kube-controller-manager exits.",
+        ),
+        "step-downs",
+        True,
+    ),
+    "released": (
+        (
+            f"{_BY} released the lease.",
+            "{who} released the lease (ReleaseOnCancel): it wrote an empty holderIdentity, so a follower takes it "
+            "on its next try instead of waiting out LeaseDuration.",
+        ),
+        "releases",
+        True,
+    ),
+    "guarded_write": (
+        (
+            "{who} wrote with fencing token {value_written} (the Lease's leaseTransitions when it acquired): the "
+            "guarded row keeps the newest token it has seen.",
+        ),
+        "guarded writes",
+        False,
+    ),
+    "fenced": (
+        (
+            "{who}'s write with token {value_written} was fenced: the row has seen token {value_read}, so a stale "
+            "leader writes nothing. client-go's leader election does not fence: a controller has to.",
+        ),
+        "fenced writes",
+        True,
+    ),
+    "killed": (
+        (
+            "{who} was killed (a crashed pod, kill -9): it does not release the Lease, so the others must wait "
+            "out LeaseDuration from the last change they saw.",
+        ),
+        "kills",
+        True,
+    ),
+    "stopped": (
+        (
+            "{who} was stopped gracefully (SIGTERM): with ReleaseOnCancel it empties the Lease for a fast handover; "
+            "without, the others wait out LeaseDuration.",
+        ),
+        "stops",
+        True,
+    ),
+    "paused": (
+        (
+            "{who} froze for {detail.seconds:s} (a long GC pause, a suspended VM): it cannot renew, and will not "
+            "know that time passed.",
+        ),
+        "pauses",
+        True,
+    ),
+    "woke": (
+        (
+            "{who} woke from {detail.seconds:s} believing it still leads (token {detail.token}): its lease may have "
+            "run out meanwhile, and only the fencing token stops its next write.",
+            "{who} woke from {detail.seconds:s} as a follower: it goes back to trying every RetryPeriod.",
+        ),
+        "wake-ups",
+        True,
+    ),
+    "cut_off": (
+        (
+            "{who} was cut off from the database for {detail.seconds:s} (a partition from the API server): it "
+            "cannot renew, and steps down after RenewDeadline.",
+        ),
+        "cut-offs",
+        True,
+    ),
+    "skewed": (
+        (
+            "{who}'s clock now runs {detail.ahead_s} s ahead: the renewTime it writes lies, but every replica "
+            "times the lease by its own clock.",
+            "{who}'s clock now runs {detail.behind_s} s behind: the renewTime it writes lies, but every replica "
+            "times the lease by its own clock.",
+            "{who}'s clock is right again.",
+        ),
+        "clock skews",
+        False,
+    ),
+    "db_error": (
+        (
+            "{who} got a database error ({detail.phase}): {detail.message}. In Kubernetes, the API server "
+            "unreachable: the elector keeps trying every RetryPeriod.",
+        ),
+        "database errors",
+        False,
+    ),
+    "added": (("{who} joined the election: it backs off while the lease is held, as a new pod does.",), "joins", False),
+    "control_failed": (
+        ("The {detail.control} of {who} could not be applied: {detail.error}",),
+        "refused controls",
+        False,
+    ),
+}
+
+
 def _kind(name: str, label: str, color: str, mark: str, *, first: tuple[str, ...] = (), **options: Any) -> EventKind:
-    return EventKind(name, label, (*first, *SENTENCES[name]), color, mark, **options)
+    captions, plural, key = _CAPTIONS.get(name, ((), "", False))
+    return EventKind(
+        name, label, (*first, *SENTENCES[name]), color, mark, captions=captions, plural=plural, key=key, **options
+    )
 
 
 class LeaderElectionScenario(Scenario):

@@ -133,6 +133,13 @@ class QuotaRace(Scenario):
             "#1a9e4b",
             "dot",
             writes=True,
+            captions=(
+                "{who} admitted pod-{op}: it charged the quota's used {value_read} → {value_written} of "
+                "{detail.hard} by compare-and-swap, as the ResourceQuota admission plugin updates status.used "
+                "before the pod is stored.",
+            ),
+            plural="admissions",
+            singular="admission",
         ),
         EventKind(
             "conflict",
@@ -142,6 +149,11 @@ class QuotaRace(Scenario):
             "cross",
             explain=_QUOTA_409,
             refused=True,
+            captions=(
+                "{who}'s charge for pod-{op} matched no row: another admission charged v{version_read} first. "
+                "In Kubernetes the quota's update gets 409 Conflict, and admission re-reads it.",
+            ),
+            plural="conflicts",
         ),
         EventKind(
             "retry",
@@ -151,9 +163,26 @@ class QuotaRace(Scenario):
             "triangle",
             folds_into="conflict",
             fold=f", retry {{attempt}} of {ADMISSION_RETRIES}",
+            captions=(
+                f"{{who}} re-reads the quota for pod-{{op}} (retry {{attempt}} of {ADMISSION_RETRIES}): the "
+                "admission checks hard - used again against what is stored now.",
+            ),
+            plural="retries",
+            singular="retry",
         ),
         EventKind(
-            "denied", "denied (exceeded quota)", ("{who}: {detail.message}",), "#7a1010", "square", explain=_DENIED_403
+            "denied",
+            "denied (exceeded quota)",
+            ("{who}: {detail.message}",),
+            "#7a1010",
+            "square",
+            explain=_DENIED_403,
+            captions=(
+                "pod-{op} was refused: used {value_read} of {detail.hard} leaves no room. This is the 403 "
+                "Forbidden `kubectl create` prints: exceeded quota.",
+            ),
+            plural="denials",
+            singular="denial",
         ),
         EventKind(
             "retries_exhausted",
@@ -161,6 +190,12 @@ class QuotaRace(Scenario):
             (f"{{who}} gave up on pod-{{op}} after {ADMISSION_RETRIES} retries: {{detail.message}}",),
             "#111111",
             "square",
+            captions=(
+                f"pod-{{op}} was refused after {ADMISSION_RETRIES} retries that all conflicted: the create fails "
+                "with the quota's 409, and the client has to create it again.",
+            ),
+            plural="give-ups",
+            singular="give-up",
         ),
         EventKind(
             "stored",
@@ -168,6 +203,12 @@ class QuotaRace(Scenario):
             ("{who} stored pod-{op}: the pods that exist request {value_written}",),
             "#1c64d6",
             "dot",
+            captions=(
+                "pod-{op} was stored after its charge: the pods that exist now request {value_written}, and its "
+                "share of used is backed by a real pod.",
+            ),
+            plural="pods stored",
+            singular="pod stored",
         ),
         EventKind(
             "create_failed",
@@ -178,6 +219,13 @@ class QuotaRace(Scenario):
             ),
             "#f08c00",
             "diamond",
+            captions=(
+                "pod-{op}'s quota was charged but the pod was never stored: its {value_written} GPU leaks until "
+                "the quota controller's resync. Admission charges first, and nothing undoes it.",
+            ),
+            key=True,
+            plural="leaks",
+            singular="leak",
         ),
         EventKind(
             "resync",
@@ -189,6 +237,14 @@ class QuotaRace(Scenario):
             "#8b3fd9",
             "star",
             writes=True,
+            captions=(
+                "The quota controller's resync counted {detail.pods} pods and {detail.in_flight} being created, and "
+                "repaired used {value_read} → {value_written}: {detail.released} leaked released. "
+                "kube-controller-manager resyncs every 5 minutes by default.",
+            ),
+            key=True,
+            plural="resyncs",
+            singular="resync",
         ),
         EventKind(
             "resync_in_sync",
@@ -199,6 +255,13 @@ class QuotaRace(Scenario):
             ),
             "#c4b5fd",
             "star",
+            captions=(
+                "The quota controller's resync found used {value_read} matching the {detail.pods} pods that exist "
+                "and {detail.in_flight} being created: nothing to repair.",
+            ),
+            key=True,
+            plural="resyncs",
+            singular="resync",
         ),
         EventKind(
             "resync_conflict",
@@ -208,6 +271,11 @@ class QuotaRace(Scenario):
             "cross",
             explain=_QUOTA_409,
             refused=True,
+            captions=(
+                "{who}'s repair matched no row: an admission charged first (it read v{version_read}). Like any "
+                "client, the controller recalculates and tries again.",
+            ),
+            plural="resync conflicts",
         ),
         EventKind(
             "outside_charge",
@@ -218,6 +286,13 @@ class QuotaRace(Scenario):
             ),
             "#0f766e",
             "dot",
+            captions=(
+                "{detail.writer} created a pod via {detail.via_words}: the same admission charged used "
+                "{value_read} → {value_written} of {detail.hard}.",
+            ),
+            key=True,
+            plural="outside admissions",
+            singular="outside admission",
         ),
         EventKind(
             "outside_release",
@@ -228,6 +303,13 @@ class QuotaRace(Scenario):
             ),
             "#5eead4",
             "dot",
+            captions=(
+                "{detail.writer} deleted a pod via {detail.via_words}: used went {value_read} → {value_written}, "
+                "released at once.",
+            ),
+            key=True,
+            plural="outside deletions",
+            singular="outside deletion",
         ),
         EventKind(
             "outside_write",
@@ -241,6 +323,14 @@ class QuotaRace(Scenario):
             "tick",
             ring_when="blind",
             ring_label="blind write (no resourceVersion)",
+            captions=(
+                "{detail.writer} made a {detail.blind} write of the quota via {detail.via_words} (used "
+                "{value_written}): without a resourceVersion, it overwrites whatever admission charged meanwhile.",
+                "{detail.writer} wrote the quota via {detail.via_words} (used {value_written}) with the "
+                "resourceVersion it had read: a conditional update.",
+            ),
+            key=True,
+            plural="outside writes",
         ),
         outside_conflict_kind(_QUOTA_409),
         outside_deleted_kind("the quota", "quota deleted from outside"),
