@@ -254,6 +254,46 @@ def test_the_printed_report_of_a_finished_job_is_one_a4_page(site: Site, scenari
         page.set_viewport_size({"width": 1400, "height": 900})
 
 
+# -- the keyboard ------------------------------------------------------------------------------------
+
+FOCUSABLE = "a[href], button:not([disabled]), input:not([type=hidden]):not([disabled]), select, [tabindex='0']"
+# The focused element, and whether it shows a focus ring (an outline at least 2 px wide).
+FOCUSED = """() => {
+  const e = document.activeElement, style = getComputedStyle(e);
+  return [e.dataset.tabbed, style.outlineStyle !== "none" && parseFloat(style.outlineWidth) >= 2];
+}"""
+
+
+@pytest.mark.parametrize("build", [job_page("quota", "finished"), replay, compare], ids=["job", "replay", "compare"])
+def test_tab_reaches_every_control_with_a_visible_focus_ring(site: Site, build: Callable[[Site], None]) -> None:
+    build(site)
+    page = site.page
+    page.wait_for_load_state("networkidle")  # a finished job's controls are asked for again once its events are read
+    count = page.evaluate(
+        f"() => [...document.querySelectorAll({FOCUSABLE!r})].filter(e => e.checkVisibility())"
+        ".map((e, i) => e.dataset.tabbed = String(i)).length"
+    )
+    page.evaluate("() => document.activeElement.blur()")
+    reached: dict[str, bool] = {}
+    for _ in range(count + 5):
+        page.keyboard.press("Tab")
+        tabbed, ringed = page.evaluate(FOCUSED)
+        if tabbed is not None:
+            reached[tabbed] = ringed
+    missed = page.evaluate(
+        "(reached) => [...document.querySelectorAll('[data-tabbed]')].filter(e => !reached.includes(e.dataset.tabbed))"
+        ".map(e => e.outerHTML.slice(0, 120))",
+        list(reached),
+    )
+    assert missed == []
+    assert [tabbed for tabbed, ringed in reached.items() if not ringed] == []
+    for width, height in SCREENS:
+        page.set_viewport_size({"width": width, "height": height})
+        page.wait_for_timeout(200)
+        page.screenshot(path=str(ARTIFACTS / f"tabbed-{page.url.split('/')[-2] or 'page'}-{width}x{height}.png"))
+    page.set_viewport_size({"width": 1400, "height": 900})
+
+
 # -- text alternatives and announcements -------------------------------------------------------------
 
 
