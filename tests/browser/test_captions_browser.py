@@ -27,16 +27,21 @@ def caption_state(page: Page) -> dict[str, Any]:
     return page.evaluate("Occviz.captions.state()")  # type: ignore[no-any-return]
 
 
-def python_captions(job_id: int) -> dict[int, str]:
-    """Each stored event's caption as the server words it, by seq."""
+def python_words(job_id: int) -> tuple[dict[int, str], dict[int, str]]:
+    """Each stored event's caption, and its log sentence, as the server words them, by seq."""
     spec = SCENARIOS[Job.objects.get(pk=job_id).scenario]
-    found = {}
+    captions, sentences = {}, {}
     for row in Event.objects.filter(job_id=job_id).order_by("seq").values():
-        detail = json.loads(row["detail"]) if isinstance(row["detail"], str) else row["detail"]
-        caption = spec.caption({**row, "detail": detail})
+        event = {**row, "detail": json.loads(row["detail"]) if isinstance(row["detail"], str) else row["detail"]}
+        caption = spec.caption(event)
         if caption is not None:
-            found[row["seq"]] = caption
-    return found
+            captions[row["seq"]] = caption
+            sentences[row["seq"]] = spec.describe(event)
+    return captions, sentences
+
+
+def python_captions(job_id: int) -> dict[int, str]:
+    return python_words(job_id)[0]
 
 
 def key_moments(page: Page) -> list[tuple[str, str, str]]:
@@ -100,10 +105,11 @@ def test_a_failover_is_a_key_moment_live_and_replay_says_the_same(page: Page, ap
     expect(page.locator("#key-moments li[data-kind=killed]")).to_have_count(1)
     expect(page.locator("#key-moments li[data-kind=verdict]")).to_have_count(1, timeout=20_000)
     live = key_moments(page)
-    expected = python_captions(job.pk)
+    expected, sentences = python_words(job.pk)
+    # A key moment is listed with its caption, or, once that caption's situation was explained, its log sentence.
     for kind, seq, text in live:
         if kind != "verdict":
-            assert text.endswith(expected[int(seq)]), (text, expected[int(seq)])
+            assert text.endswith((expected[int(seq)], sentences[int(seq)])), (text, expected[int(seq)])
     assert not any(kind in ("renewed", "backed_off") for kind, _, _ in live)
 
     # A presenter's `c` key sends this event: captions off, and on again.
