@@ -118,6 +118,11 @@ def test_a_failover_is_a_key_moment_live_and_replay_says_the_same(page: Page, ap
     page.evaluate("document.dispatchEvent(new CustomEvent('occviz:captions-toggle'))")
     expect(page.locator("[data-captions-body]")).to_be_visible()
 
+    # Opened again once finished, the job page reads its stored events: the same key moments, the verdict shown.
+    page.goto(f"{app_url}/jobs/{job.pk}/?present=1")
+    expect(page.locator("#captions [data-caption]")).to_contain_text("Invariant holds")
+    assert key_moments(page) == live
+
     # Replay reads the same stored events: dragged to the end, the same key moments and the verdict.
     page.goto(f"{app_url}/jobs/{job.pk}/replay/?present=1")
     page.wait_for_selector("[data-page=replay][data-ready='1']")
