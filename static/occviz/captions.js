@@ -172,6 +172,15 @@
     return null;
   }
 
+  /** The caption of the last captioned event among `events`, or null. */
+  function lastEntry(vocabulary, events) {
+    for (let i = events.length - 1; i >= 0; i--) {
+      const entry = entryFor(vocabulary, events[i]);
+      if (entry) return entry;
+    }
+    return null;
+  }
+
   /** The job's verdict as a caption: its status and invariant, from the stored summary. */
   async function verdictEntry(url) {
     const response = await fetch(url, { credentials: "same-origin", headers: { Accept: "application/json" } });
@@ -239,9 +248,12 @@
     button.addEventListener("click", () => setOn(!on));
     // Presenter mode's `c` key (and whoever else wants them) toggles captions through this event.
     document.addEventListener("occviz:captions-toggle", () => setOn(!on));
+    // Entering presenter mode turns captions on; in it, `c` may turn them off again.
     const presenting = () => document.body.classList.contains("presenting");
+    let wasPresenting = presenting();
     new MutationObserver(() => {
-      if (presenting() && !on) setOn(true);
+      if (presenting() && !wasPresenting && !on) setOn(true);
+      wasPresenting = presenting();
     }).observe(document.body, { attributes: true, attributeFilter: ["class"] });
     setOn(new URLSearchParams(window.location.search).get("present") === "1" || presenting());
 
@@ -267,15 +279,19 @@
       // Live and playing replay queue each caption; a finished job's history and a step or a drag of
       // replay show the latest at once (the key moments list keeps them all).
       const paced = mode === "live" || (mode === "replay" && playing);
-      let latest = null;
+      const vocabulary = model.vocabulary;
       for (const e of events) {
-        const entry = entryFor(model.vocabulary, e);
+        // Unpaced, only key moments are worded here (a finished job's history may be 100,000 events).
+        if (!paced && !vocabulary.kind(e.kind).key) continue;
+        const entry = entryFor(vocabulary, e);
         if (!entry) continue;
         if (entry.key) keys.add({ ...entry });
         if (paced) queue.push(entry);
-        else latest = entry;
       }
-      if (latest && mode === "replay") queue.replace(latest);
+      if (!paced && mode === "replay") {
+        const latest = lastEntry(vocabulary, events);
+        if (latest) queue.replace(latest);
+      }
       if (atEnd) showVerdict(paced);
       render();
     });

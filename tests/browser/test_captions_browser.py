@@ -65,6 +65,23 @@ def test_captions_are_paced_and_the_rest_counted_by_kind(page: Page, app_url: st
     toggle.focus()
     page.keyboard.press("Enter")
     expect(toggle).to_have_attribute("aria-pressed", "true")
+    page.keyboard.press("Enter")
+    expect(toggle).to_have_attribute("aria-pressed", "false")
+
+    # Presenter mode turns them on; its `c` key (the event, and its toggle of the body's class) turns them off.
+    page.evaluate("document.body.classList.add('presenting')")
+    expect(toggle).to_have_attribute("aria-pressed", "true")
+    page.evaluate(
+        "document.body.classList.toggle('captions-on');"
+        "document.dispatchEvent(new CustomEvent('occviz:captions-toggle'))"
+    )
+    expect(toggle).to_have_attribute("aria-pressed", "false")
+    page.wait_for_timeout(200)
+    assert page.evaluate("document.body.classList.contains('captions-on')") is False
+    expect(toggle).to_have_attribute("aria-pressed", "false")
+    page.evaluate("document.body.classList.remove('presenting')")
+    toggle.click()
+    expect(toggle).to_have_attribute("aria-pressed", "true")
     expect(page.locator("#captions [data-caption]")).to_contain_text("In Kubernetes", timeout=15_000)
 
     # While the first caption is up, the conflicts that come faster than it can be read are counted under it.
