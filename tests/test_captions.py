@@ -9,15 +9,21 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from typing import Any
 
 import pytest
+from django.db import connection
 
 from occviz.jobs.models import Event
 from occviz.jobs.runner import run_job
 from occviz.jobs.tasks import create_job
 from occviz.scenarios import SCENARIOS
 from occviz.scenarios.base import ERROR, EventKind
+from occviz.store import writes
+from occviz.store.cas import ANY
+from occviz.store.models import Counter
+from tests.test_outside_writes import OutsideIncrementer
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -92,6 +98,39 @@ def test_every_recorded_event_of_a_captioned_kind_reads_whole(
         assert "None" not in caption, caption
     missing = expected - seen
     assert not missing, f"the job recorded no {', '.join(sorted(missing))}: the check saw too little"
+
+
+def test_outside_writes_are_captioned_whole(alice: Any) -> None:
+    """Outside writes (the API, the admin) into a running race: conditional ones, their 409s, a blind one."""
+    job = create_job("counter", {"strategy": "occ", "writers": 2, "increments": 300, "think_ms": 3}, alice)
+    outside = OutsideIncrementer(job.pk, increments=15, think_s=0.004)
+
+    def then_blind() -> None:
+        outside.join(timeout=60)
+        try:
+            row = Counter.objects.get(job_id=job.pk)
+            writes.update(row, {"value": 1}, writes.Writer("admin", "bob"), expected_version=ANY)
+        finally:
+            connection.close()
+
+    blind = threading.Thread(target=then_blind)
+    outside.start()
+    blind.start()
+    run_job(job.pk)
+    blind.join(timeout=60)
+    assert outside.error is None, outside.error
+    spec = SCENARIOS["counter"]
+    said = {
+        event["kind"]: spec.caption(event) for event in stored_events(job.pk) if event["kind"].startswith("outside")
+    }
+    assert set(said) == {"outside_write", "outside_conflict"}, "no outside conflict or write: raise the think time"
+    assert all(text and "{" not in text for text in said.values()), said
+    erasing = [
+        spec.caption(event) for event in stored_events(job.pk) if (event["detail"] or {}).get("blind") == "blind"
+    ]
+    assert len(erasing) == 1 and erasing[0].startswith(
+        "bob wrote the counter via the admin without a resourceVersion, erasing"
+    )  # type: ignore[union-attr]
 
 
 def test_a_failover_is_captioned_with_its_wait_and_kubernetes_counterpart() -> None:

@@ -15,8 +15,11 @@
 
 (function () {
   const MIN_SHOWN_MS = 3000;
-  // Key moments of one kind listed one by one; the rest of that kind are counted on one line.
-  const LISTED_PER_KIND = 5;
+  // Captions waiting their turn (key moments of different kinds, then the latest other one); more are counted.
+  const MAX_WAITING = 4;
+  // Key moments of one kind listed one by one (with their caption the first time it says something new, in
+  // their log sentence after); the rest of that kind are counted on one line.
+  const LISTED_PER_KIND = 4;
   const HISTORY = 200;
 
   /** What to say for the events counted rather than shown, the most numerous kind first. */
@@ -47,13 +50,22 @@
     push(entry) {
       entry.more = new Map();
       if (!this.current) return this.show(entry);
-      const last = this.waiting[this.waiting.length - 1];
-      if (last && !last.key) {
+      // A key moment always gets its turn, unless the next to come is one more of its kind.
+      let last;
+      while ((last = this.waiting[this.waiting.length - 1]) && (!last.key || last.kind === entry.kind)) {
+        const before = this.waiting.length > 1 ? this.waiting[this.waiting.length - 2] : this.current;
+        if (!entry.key && last.kind !== before.kind && entry.kind === before.kind) {
+          // What waits says something new; one more of what is shown is counted under it instead.
+          this.count(last, entry);
+          return;
+        }
         // Superseded before its turn: counted under the caption before it, and the newer one waits instead.
         this.waiting.pop();
-        this.count(this.waiting.length ? this.waiting[this.waiting.length - 1] : this.current, last);
+        this.count(before, last);
       }
-      this.waiting.push(entry);
+      // However many kinds of key moments come at once, the captions stay at most a few turns behind.
+      if (this.waiting.length >= MAX_WAITING) this.count(this.waiting[this.waiting.length - 1], entry);
+      else this.waiting.push(entry);
     }
 
     /** Shows `entry` at once, forgetting what waited: a step in replay says what the step did. */
@@ -95,6 +107,7 @@
     reset() {
       this.list.replaceChildren();
       this.byKind = new Map();
+      this.explained = new Set();
     }
 
     add(entry) {
@@ -102,11 +115,13 @@
       this.byKind.set(entry.kind, seen);
       seen.n += 1;
       if (seen.n <= LISTED_PER_KIND) {
-        this.list.appendChild(this.item(entry));
+        const explained = this.explained.has(entry.said) && entry.short;
+        this.explained.add(entry.said);
+        this.list.appendChild(this.item(explained ? { ...entry, text: entry.short } : entry));
         return;
       }
       if (!seen.line) {
-        seen.line = this.item({ ...entry, text: "" });
+        seen.line = this.item({ ...entry, text: "", t_ms: null });
         seen.line.classList.add("key-more");
         seen.line.dataset.more = entry.kind;
         this.list.appendChild(seen.line);
@@ -122,7 +137,7 @@
       li.style.setProperty("--kind", entry.color || "#16202c");
       const at = document.createElement("span");
       at.className = "key-at";
-      at.textContent = entry.t_ms != null ? window.Occviz.fmtMs(entry.t_ms) : "end";
+      at.textContent = entry.t_ms != null ? window.Occviz.fmtMs(entry.t_ms) : entry.kind === "verdict" ? "end" : "";
       const text = document.createElement("span");
       text.textContent = entry.text;
       li.append(at, " ", text);
@@ -135,20 +150,33 @@
     const kind = vocabulary.kind(e.kind);
     if (!kind.captions || !kind.captions.length) return null;
     const who = vocabulary.actorName(e.actor);
-    for (const template of kind.captions) {
+    for (const [index, template] of kind.captions.entries()) {
       const text = vocabulary.fill(template, e, who);
       if (text != null) {
         return {
           text,
           kind: kind.name,
+          // Which of the kind's captions: each situation is explained in full once in the key moments.
+          said: `${kind.name} ${index}`,
           key: Boolean(kind.key),
           plural: kind.plural,
           singular: kind.singular || kind.label,
           color: kind.color,
+          // The event's log sentence: how a key moment of a kind already explained is listed.
+          short: kind.key ? vocabulary.sentence(e) : "",
           seq: e.seq,
           t_ms: e.t_ms,
         };
       }
+    }
+    return null;
+  }
+
+  /** The caption of the last captioned event among `events`, or null. */
+  function lastEntry(vocabulary, events) {
+    for (let i = events.length - 1; i >= 0; i--) {
+      const entry = entryFor(vocabulary, events[i]);
+      if (entry) return entry;
     }
     return null;
   }
@@ -220,9 +248,12 @@
     button.addEventListener("click", () => setOn(!on));
     // Presenter mode's `c` key (and whoever else wants them) toggles captions through this event.
     document.addEventListener("occviz:captions-toggle", () => setOn(!on));
+    // Entering presenter mode turns captions on; in it, `c` may turn them off again.
     const presenting = () => document.body.classList.contains("presenting");
+    let wasPresenting = presenting();
     new MutationObserver(() => {
-      if (presenting() && !on) setOn(true);
+      if (presenting() && !wasPresenting && !on) setOn(true);
+      wasPresenting = presenting();
     }).observe(document.body, { attributes: true, attributeFilter: ["class"] });
     setOn(new URLSearchParams(window.location.search).get("present") === "1" || presenting());
 
@@ -248,15 +279,19 @@
       // Live and playing replay queue each caption; a finished job's history and a step or a drag of
       // replay show the latest at once (the key moments list keeps them all).
       const paced = mode === "live" || (mode === "replay" && playing);
-      let latest = null;
+      const vocabulary = model.vocabulary;
       for (const e of events) {
-        const entry = entryFor(model.vocabulary, e);
+        // Unpaced, only key moments are worded here (a finished job's history may be 100,000 events).
+        if (!paced && !vocabulary.kind(e.kind).key) continue;
+        const entry = entryFor(vocabulary, e);
         if (!entry) continue;
         if (entry.key) keys.add({ ...entry });
         if (paced) queue.push(entry);
-        else latest = entry;
       }
-      if (latest && mode === "replay") queue.replace(latest);
+      if (!paced && mode === "replay") {
+        const latest = lastEntry(vocabulary, events);
+        if (latest) queue.replace(latest);
+      }
       if (atEnd) showVerdict(paced);
       render();
     });

@@ -27,16 +27,21 @@ def caption_state(page: Page) -> dict[str, Any]:
     return page.evaluate("Occviz.captions.state()")  # type: ignore[no-any-return]
 
 
-def python_captions(job_id: int) -> dict[int, str]:
-    """Each stored event's caption as the server words it, by seq."""
+def python_words(job_id: int) -> tuple[dict[int, str], dict[int, str]]:
+    """Each stored event's caption, and its log sentence, as the server words them, by seq."""
     spec = SCENARIOS[Job.objects.get(pk=job_id).scenario]
-    found = {}
+    captions, sentences = {}, {}
     for row in Event.objects.filter(job_id=job_id).order_by("seq").values():
-        detail = json.loads(row["detail"]) if isinstance(row["detail"], str) else row["detail"]
-        caption = spec.caption({**row, "detail": detail})
+        event = {**row, "detail": json.loads(row["detail"]) if isinstance(row["detail"], str) else row["detail"]}
+        caption = spec.caption(event)
         if caption is not None:
-            found[row["seq"]] = caption
-    return found
+            captions[row["seq"]] = caption
+            sentences[row["seq"]] = spec.describe(event)
+    return captions, sentences
+
+
+def python_captions(job_id: int) -> dict[int, str]:
+    return python_words(job_id)[0]
 
 
 def key_moments(page: Page) -> list[tuple[str, str, str]]:
@@ -59,6 +64,23 @@ def test_captions_are_paced_and_the_rest_counted_by_kind(page: Page, app_url: st
     expect(page.locator("[data-captions-body]")).to_be_hidden()
     toggle.focus()
     page.keyboard.press("Enter")
+    expect(toggle).to_have_attribute("aria-pressed", "true")
+    page.keyboard.press("Enter")
+    expect(toggle).to_have_attribute("aria-pressed", "false")
+
+    # Presenter mode turns them on; its `c` key (the event, and its toggle of the body's class) turns them off.
+    page.evaluate("document.body.classList.add('presenting')")
+    expect(toggle).to_have_attribute("aria-pressed", "true")
+    page.evaluate(
+        "document.body.classList.toggle('captions-on');"
+        "document.dispatchEvent(new CustomEvent('occviz:captions-toggle'))"
+    )
+    expect(toggle).to_have_attribute("aria-pressed", "false")
+    page.wait_for_timeout(200)
+    assert page.evaluate("document.body.classList.contains('captions-on')") is False
+    expect(toggle).to_have_attribute("aria-pressed", "false")
+    page.evaluate("document.body.classList.remove('presenting')")
+    toggle.click()
     expect(toggle).to_have_attribute("aria-pressed", "true")
     expect(page.locator("#captions [data-caption]")).to_contain_text("In Kubernetes", timeout=15_000)
 
@@ -100,10 +122,11 @@ def test_a_failover_is_a_key_moment_live_and_replay_says_the_same(page: Page, ap
     expect(page.locator("#key-moments li[data-kind=killed]")).to_have_count(1)
     expect(page.locator("#key-moments li[data-kind=verdict]")).to_have_count(1, timeout=20_000)
     live = key_moments(page)
-    expected = python_captions(job.pk)
+    expected, sentences = python_words(job.pk)
+    # A key moment is listed with its caption, or, once that caption's situation was explained, its log sentence.
     for kind, seq, text in live:
         if kind != "verdict":
-            assert text.endswith(expected[int(seq)]), (text, expected[int(seq)])
+            assert text.endswith((expected[int(seq)], sentences[int(seq)])), (text, expected[int(seq)])
     assert not any(kind in ("renewed", "backed_off") for kind, _, _ in live)
 
     # A presenter's `c` key sends this event: captions off, and on again.
@@ -111,6 +134,11 @@ def test_a_failover_is_a_key_moment_live_and_replay_says_the_same(page: Page, ap
     expect(page.locator("[data-captions-body]")).to_be_hidden()
     page.evaluate("document.dispatchEvent(new CustomEvent('occviz:captions-toggle'))")
     expect(page.locator("[data-captions-body]")).to_be_visible()
+
+    # Opened again once finished, the job page reads its stored events: the same key moments, the verdict shown.
+    page.goto(f"{app_url}/jobs/{job.pk}/?present=1")
+    expect(page.locator("#captions [data-caption]")).to_contain_text("Invariant holds")
+    assert key_moments(page) == live
 
     # Replay reads the same stored events: dragged to the end, the same key moments and the verdict.
     page.goto(f"{app_url}/jobs/{job.pk}/replay/?present=1")
