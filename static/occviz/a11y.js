@@ -3,14 +3,13 @@
    visually hidden text of its own, linked by aria-describedby and rewritten at most once a
    second: a table of each actor's events by kind for the timeline, each rate's peak and
    latest value, the quota's numbers. One polite live region says the verdict when a job
-   ends and each leadership change (or any kind the scenario marks `key`) as it happens. */
+   ends and, as they happen, the key moments: the kinds the scenario marks `key` (a change
+   of leader, a fenced write, a kill, a leak, a resync, an erased field). */
 "use strict";
 
 (function () {
   const O = window.Occviz;
   const EVERY_MS = 1000;
-  // Kinds said aloud as they happen, besides those a scenario marks `key`: who leads changed, a stale write fenced.
-  const ANNOUNCED = new Set(["acquired", "fenced"]);
   let made = 0;
 
   function el(tag, text) {
@@ -148,7 +147,7 @@
       for (let i = model.events.length - 1; i >= 0 && model.events[i].seq > seen; i--) {
         const e = model.events[i];
         const kind = model.vocabulary.kind(e.kind);
-        if (kind.key || ANNOUNCED.has(e.kind)) news.unshift(model.vocabulary.sentence(e));
+        if (kind.key) news.unshift(model.vocabulary.sentence(e));
       }
       seen = model.lastSeq;
       if (news.length) say(news.slice(-3).join(" "));

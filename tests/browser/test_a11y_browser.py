@@ -247,6 +247,9 @@ def test_the_printed_report_of_a_finished_job_is_one_a4_page(site: Site, scenari
         assert page.locator("#live-status .verdict").is_visible()
         assert page.locator("canvas[data-timeline] + .print-copy").is_visible()
         assert page.locator(".params").is_visible()
+        # The key sentences: the key moments (the verdict at least, on a finished job), not the whole log.
+        assert page.locator("#key-moments li").first.is_visible()
+        assert not page.locator("#live-log").is_visible()
         assert not page.locator(".topbar").is_visible()
     finally:
         page.emulate_media(media="null")  # back to none: page.pdf prints with print media only then
