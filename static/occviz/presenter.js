@@ -415,12 +415,12 @@
     document.addEventListener("click", keepPresenting, true);
     document.addEventListener("submit", keepPresenting, true);
     document.addEventListener("keydown", onKey);
-    for (const button of document.querySelectorAll("[data-present]")) {
-      button.addEventListener("click", (ev) => {
-        ev.preventDefault();
-        enter({ fullScreen: true });
-      });
-    }
+    // Delegated: the job page's controls are swapped in again when the job ends.
+    document.addEventListener("click", (ev) => {
+      if (!(ev.target.closest && ev.target.closest("[data-present]"))) return;
+      ev.preventDefault();
+      enter({ fullScreen: true });
+    });
     window.addEventListener("resize", onResize);
     // A lane added (a replica joins) makes the timeline taller: the rate chart gives way.
     if (window.ResizeObserver) {
