@@ -41,7 +41,7 @@
     ["c", "captions on / off"],
     ["f", "full screen on / off"],
     ["?", "this list"],
-    ["Esc", "leave full screen, then presenter mode"],
+    ["Esc", "leave presenter mode (and full screen)"],
   ];
 
   let selected = 0;
@@ -88,9 +88,21 @@
     if (root.requestFullscreen) root.requestFullscreen().catch(() => {});
   }
 
+  let windowed = false; // full screen left with `f`, not with Esc: presenter mode stays
+
   function toggleFullScreen() {
-    if (document.fullscreenElement) document.exitFullscreen().catch(() => {});
-    else requestFullScreen();
+    if (document.fullscreenElement) {
+      windowed = true;
+      document.exitFullscreen().catch(() => {});
+    } else {
+      requestFullScreen();
+    }
+  }
+
+  /** Esc in full screen is the browser's: it leaves full screen before the page hears of it. */
+  function onFullScreenChange() {
+    if (!document.fullscreenElement && presenting() && !windowed) leave();
+    windowed = false;
   }
 
   /** The canvases' text follows the presenter's type size (viz.js reads --canvas-text). */
@@ -350,11 +362,7 @@
     if (!presenting() || ev.ctrlKey || ev.metaKey || ev.altKey || inField(ev.target)) return;
     const key = ev.key;
     if (key === "?") return done(ev, () => showKeys(!keysShown()));
-    if (key === "Escape") {
-      if (keysShown()) return done(ev, () => showKeys(false));
-      if (!document.fullscreenElement) return done(ev, leave);
-      return;
-    }
+    if (key === "Escape") return done(ev, keysShown() ? () => showKeys(false) : leave);
     if (key === " ") return done(ev, pauseOrResume);
     const replay = page() && page().occvizReplay;
     if (replay && (key === "ArrowLeft" || key === "ArrowRight")) return done(ev, () => replay.step(key === "ArrowLeft" ? -1 : 1));
@@ -415,6 +423,7 @@
     document.addEventListener("click", keepPresenting, true);
     document.addEventListener("submit", keepPresenting, true);
     document.addEventListener("keydown", onKey);
+    document.addEventListener("fullscreenchange", onFullScreenChange);
     // Delegated: the job page's controls are swapped in again when the job ends.
     document.addEventListener("click", (ev) => {
       if (!(ev.target.closest && ev.target.closest("[data-present]"))) return;

@@ -156,6 +156,8 @@ def test_presenter_mode_shows_a_job_and_its_replay_on_one_screen(
     page.keyboard.press("Escape")
     expect(page.locator("body")).not_to_have_class(re.compile(r"\bpresenting\b"))
     expect(page.locator(".topbar")).to_be_visible()
+    assert page.evaluate("document.fullscreenElement") is None
+    assert "present=1" not in page.url
 
     # Replay in presenter mode: one screen; the arrows step one event, space plays and pauses.
     page.goto(f"{app_url}/jobs/{job.pk}/replay/?present=1")
