@@ -190,11 +190,18 @@ def test_keys_pause_select_kill_and_run_again_a_live_leader_election(
     page = presenter
     params = {"replicas": 3, "lease_duration": 1, "renew_deadline": 0.7, "retry_period": 0.2, "seconds": 10}
     job = launch("leader-election", params, teacher)  # queued for the db_worker: a live job
+    # The normal page: the failure controls say who leads, right under the state that says it.
+    page.goto(f"{app_url}/jobs/{job.pk}/")
+    leading = page.locator("#live-state tr.leading")
+    expect(leading).to_be_visible(timeout=15_000)
+    leader = leading.get_attribute("data-replica")
+    expect(page.locator("#actor-controls tr.leads")).to_have_attribute("data-actor-row", leader or "")
+    expect(page.locator("#actor-controls tr.leads")).to_contain_text("★ leads")
+    shot(page, "leader_election-live-normal", full_page=True)
+
     page.goto(f"{app_url}/jobs/{job.pk}/?present=1")
     expect(page.locator("#live-state tr.leading")).to_be_visible(timeout=15_000)
     assert_fits(page, "leader_election-live-presenting")
-    # The failure controls mark who leads (on the normal page too: the same rows).
-    expect(page.locator("#actor-controls tr.leads")).to_have_count(1)
 
     # Space freezes the drawing while the events keep coming; space again catches up.
     page.keyboard.press(" ")
