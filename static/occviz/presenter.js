@@ -37,7 +37,7 @@
     ["p", "pause it"],
     ["x", "cut it off from the database"],
     ["a", "add a replica"],
-    ["r", "run the same parameters again (a new job)"],
+    ["r", "run it again: a new job (in a lesson, the step again in the same lesson run)"],
     ["c", "captions on / off"],
     ["f", "full screen on / off"],
     ["?", "this list"],
@@ -279,6 +279,7 @@
     bar().querySelector("[data-frozen]").hidden = !O.frozen;
   }
 
+  /** The same job again: a lesson's step again in the same lesson run (so its runs compare), else the same parameters. */
   function runAgain() {
     const p = page();
     const job = p && p.dataset.job;
@@ -286,11 +287,14 @@
       say("Run again from a job's page.");
       return;
     }
+    const lesson = document.querySelector("[data-lesson-of-job][data-again-url]");
     const form = document.createElement("form");
     form.method = "post";
-    form.action = `/jobs/${job}/again/`;
+    form.action = lesson ? lesson.dataset.againUrl : `/jobs/${job}/again/`;
     const headers = JSON.parse(document.body.getAttribute("hx-headers") || "{}");
-    for (const [name, value] of [["csrfmiddlewaretoken", headers["X-CSRFToken"] || ""], ["present", "1"]]) {
+    const fields = [["csrfmiddlewaretoken", headers["X-CSRFToken"] || ""], ["present", "1"]];
+    if (lesson) fields.push(["run", lesson.dataset.run]);
+    for (const [name, value] of fields) {
       const input = document.createElement("input");
       input.type = "hidden";
       input.name = name;

@@ -17,7 +17,7 @@ from playwright.sync_api import Browser, Page, expect
 from occviz.jobs.models import Job
 from occviz.jobs.runner import run_job
 from occviz.jobs.tasks import create_job, launch
-from occviz.lessons.models import Lesson
+from occviz.lessons.models import Lesson, LessonRun
 from tests.browser.test_web_browser import sign_in
 from tests.test_lessons import STORY, ship
 
@@ -273,3 +273,12 @@ def test_a_lesson_step_presented_runs_its_job_in_presenter_mode(presenter: Page,
     expect(page.locator("[data-lesson-of-job]")).to_contain_text("step 1 of")
     expect(page.locator("#live-status .status")).to_have_text("succeeded", timeout=30_000)
     assert_fits(page, "lesson-job-presenting")
+    first = int(page.url.split("/jobs/")[1].split("/")[0])
+
+    # r runs the step again in the same lesson run, so that its runs can be compared.
+    page.keyboard.press("r")
+    page.wait_for_url(lambda url: re.search(r"/jobs/\d+/\?present=1$", url) and f"/jobs/{first}/" not in url)
+    run = LessonRun.objects.get()
+    assert sorted(found.job_id for found in run.jobs.all()) == sorted(Job.objects.values_list("pk", flat=True))
+    assert {found.step_id for found in run.jobs.all()} == {step.pk}
+    expect(page.locator("[data-lesson-of-job]")).to_contain_text(f"All of run #{run.pk}")
