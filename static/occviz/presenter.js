@@ -78,7 +78,7 @@
     recolour(false);
     onResize();
     showKeys(false);
-    if (O.frozen) O.setFrozen(false);
+    if (O.frozen) pauseOrResume(); // the live view catches up: a page left frozen would look broken
     if (document.fullscreenElement) document.exitFullscreen().catch(() => {});
     window.dispatchEvent(new Event("resize"));
   }
