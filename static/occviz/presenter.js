@@ -37,11 +37,11 @@
     ["p", "pause it"],
     ["x", "cut it off from the database"],
     ["a", "add a replica"],
-    ["r", "run the same parameters again (a new job)"],
+    ["r", "run it again: a new job (in a lesson, the step again in the same lesson run)"],
     ["c", "captions on / off"],
     ["f", "full screen on / off"],
     ["?", "this list"],
-    ["Esc", "leave full screen, then presenter mode"],
+    ["Esc", "leave presenter mode (and full screen)"],
   ];
 
   let selected = 0;
@@ -78,7 +78,7 @@
     recolour(false);
     onResize();
     showKeys(false);
-    if (O.frozen) O.setFrozen(false);
+    if (O.frozen) pauseOrResume(); // the live view catches up: a page left frozen would look broken
     if (document.fullscreenElement) document.exitFullscreen().catch(() => {});
     window.dispatchEvent(new Event("resize"));
   }
@@ -88,9 +88,21 @@
     if (root.requestFullscreen) root.requestFullscreen().catch(() => {});
   }
 
+  let windowed = false; // full screen left with `f`, not with Esc: presenter mode stays
+
   function toggleFullScreen() {
-    if (document.fullscreenElement) document.exitFullscreen().catch(() => {});
-    else requestFullScreen();
+    if (document.fullscreenElement) {
+      windowed = true;
+      document.exitFullscreen().catch(() => {});
+    } else {
+      requestFullScreen();
+    }
+  }
+
+  /** Esc in full screen is the browser's: it leaves full screen before the page hears of it. */
+  function onFullScreenChange() {
+    if (!document.fullscreenElement && presenting() && !windowed) leave();
+    windowed = false;
   }
 
   /** The canvases' text follows the presenter's type size (viz.js reads --canvas-text). */
@@ -267,6 +279,7 @@
     bar().querySelector("[data-frozen]").hidden = !O.frozen;
   }
 
+  /** The same job again: a lesson's step again in the same lesson run (so its runs compare), else the same parameters. */
   function runAgain() {
     const p = page();
     const job = p && p.dataset.job;
@@ -274,11 +287,14 @@
       say("Run again from a job's page.");
       return;
     }
+    const lesson = document.querySelector("[data-lesson-of-job][data-again-url]");
     const form = document.createElement("form");
     form.method = "post";
-    form.action = `/jobs/${job}/again/`;
+    form.action = lesson ? lesson.dataset.againUrl : `/jobs/${job}/again/`;
     const headers = JSON.parse(document.body.getAttribute("hx-headers") || "{}");
-    for (const [name, value] of [["csrfmiddlewaretoken", headers["X-CSRFToken"] || ""], ["present", "1"]]) {
+    const fields = [["csrfmiddlewaretoken", headers["X-CSRFToken"] || ""], ["present", "1"]];
+    if (lesson) fields.push(["run", lesson.dataset.run]);
+    for (const [name, value] of fields) {
       const input = document.createElement("input");
       input.type = "hidden";
       input.name = name;
@@ -350,11 +366,7 @@
     if (!presenting() || ev.ctrlKey || ev.metaKey || ev.altKey || inField(ev.target)) return;
     const key = ev.key;
     if (key === "?") return done(ev, () => showKeys(!keysShown()));
-    if (key === "Escape") {
-      if (keysShown()) return done(ev, () => showKeys(false));
-      if (!document.fullscreenElement) return done(ev, leave);
-      return;
-    }
+    if (key === "Escape") return done(ev, keysShown() ? () => showKeys(false) : leave);
     if (key === " ") return done(ev, pauseOrResume);
     const replay = page() && page().occvizReplay;
     if (replay && (key === "ArrowLeft" || key === "ArrowRight")) return done(ev, () => replay.step(key === "ArrowLeft" ? -1 : 1));
@@ -415,12 +427,13 @@
     document.addEventListener("click", keepPresenting, true);
     document.addEventListener("submit", keepPresenting, true);
     document.addEventListener("keydown", onKey);
-    for (const button of document.querySelectorAll("[data-present]")) {
-      button.addEventListener("click", (ev) => {
-        ev.preventDefault();
-        enter({ fullScreen: true });
-      });
-    }
+    document.addEventListener("fullscreenchange", onFullScreenChange);
+    // Delegated: the job page's controls are swapped in again when the job ends.
+    document.addEventListener("click", (ev) => {
+      if (!(ev.target.closest && ev.target.closest("[data-present]"))) return;
+      ev.preventDefault();
+      enter({ fullScreen: true });
+    });
     window.addEventListener("resize", onResize);
     // A lane added (a replica joins) makes the timeline taller: the rate chart gives way.
     if (window.ResizeObserver) {

@@ -240,7 +240,7 @@
     layout(lanes, px, names) {
       const base = lanes <= 8 ? 28 : lanes <= 16 ? 18 : lanes <= 32 ? 10 : 6;
       // Larger text needs taller lanes (while they are few enough to label) and a wider name column.
-      const laneH = base >= 18 ? Math.max(base, Math.round(px * 1.9)) : base;
+      const laneH = base >= 28 ? Math.max(base, Math.round(px * 1.9)) : base >= 18 ? Math.max(base, Math.round(px * 1.35)) : base;
       const left = Math.max(96, Math.ceil(names) + 12);
       return { top: 8, left, laneH, height: 8 + lanes * laneH + px * 2 };
     }

@@ -17,7 +17,7 @@ from playwright.sync_api import Browser, Page, expect
 from occviz.jobs.models import Job
 from occviz.jobs.runner import run_job
 from occviz.jobs.tasks import create_job, launch
-from occviz.lessons.models import Lesson
+from occviz.lessons.models import Lesson, LessonRun
 from tests.browser.test_web_browser import sign_in
 from tests.test_lessons import STORY, ship
 
@@ -156,6 +156,8 @@ def test_presenter_mode_shows_a_job_and_its_replay_on_one_screen(
     page.keyboard.press("Escape")
     expect(page.locator("body")).not_to_have_class(re.compile(r"\bpresenting\b"))
     expect(page.locator(".topbar")).to_be_visible()
+    assert page.evaluate("document.fullscreenElement") is None
+    assert "present=1" not in page.url
 
     # Replay in presenter mode: one screen; the arrows step one event, space plays and pauses.
     page.goto(f"{app_url}/jobs/{job.pk}/replay/?present=1")
@@ -173,6 +175,14 @@ def test_presenter_mode_shows_a_job_and_its_replay_on_one_screen(
     expect(page.locator("[data-play]")).to_have_text("Pause")
     page.keyboard.press(" ")
     expect(page.locator("[data-play]")).to_have_text("Play")
+    # With the Play button focused (clicked), space still toggles once, not the key and the button both
+    # (slowly played, so that the end of the run does not stop it meanwhile).
+    page.select_option("[data-speed]", "0.01")
+    page.click("[data-play]")
+    expect(page.locator("[data-play]")).to_have_text("Pause")
+    page.keyboard.press(" ")
+    page.wait_for_timeout(300)
+    assert page.text_content("[data-play]") == "Play"
 
     # In a form field the keys are the field's: `?` shows nothing, space does not play.
     page.focus("[data-speed]")
@@ -188,11 +198,18 @@ def test_keys_pause_select_kill_and_run_again_a_live_leader_election(
     page = presenter
     params = {"replicas": 3, "lease_duration": 1, "renew_deadline": 0.7, "retry_period": 0.2, "seconds": 10}
     job = launch("leader-election", params, teacher)  # queued for the db_worker: a live job
+    # The normal page: the failure controls say who leads, right under the state that says it.
+    page.goto(f"{app_url}/jobs/{job.pk}/")
+    leading = page.locator("#live-state tr.leading")
+    expect(leading).to_be_visible(timeout=15_000)
+    leader = leading.get_attribute("data-replica")
+    expect(page.locator("#actor-controls tr.leads")).to_have_attribute("data-actor-row", leader or "")
+    expect(page.locator("#actor-controls tr.leads")).to_contain_text("★ leads")
+    shot(page, "leader_election-live-normal", full_page=True)
+
     page.goto(f"{app_url}/jobs/{job.pk}/?present=1")
     expect(page.locator("#live-state tr.leading")).to_be_visible(timeout=15_000)
     assert_fits(page, "leader_election-live-presenting")
-    # The failure controls mark who leads (on the normal page too: the same rows).
-    expect(page.locator("#actor-controls tr.leads")).to_have_count(1)
 
     # Space freezes the drawing while the events keep coming; space again catches up.
     page.keyboard.press(" ")
@@ -256,3 +273,12 @@ def test_a_lesson_step_presented_runs_its_job_in_presenter_mode(presenter: Page,
     expect(page.locator("[data-lesson-of-job]")).to_contain_text("step 1 of")
     expect(page.locator("#live-status .status")).to_have_text("succeeded", timeout=30_000)
     assert_fits(page, "lesson-job-presenting")
+    first = int(page.url.split("/jobs/")[1].split("/")[0])
+
+    # r runs the step again in the same lesson run, so that its runs can be compared.
+    page.keyboard.press("r")
+    page.wait_for_url(lambda url: re.search(r"/jobs/\d+/\?present=1$", url) and f"/jobs/{first}/" not in url)
+    run = LessonRun.objects.get()
+    assert sorted(found.job_id for found in run.jobs.all()) == sorted(Job.objects.values_list("pk", flat=True))
+    assert {found.step_id for found in run.jobs.all()} == {step.pk}
+    expect(page.locator("[data-lesson-of-job]")).to_contain_text(f"All of run #{run.pk}")

@@ -346,7 +346,7 @@ class CounterRace(Scenario):
             "atomic-increment",
             "Atomic increment",
             "UPDATE ... SET value = value + 1: no read-modify-write, nothing to conflict on.",
-            {"strategy": "atomic", "writers": 8, "seconds": 5},
+            {"strategy": "atomic", "writers": 8, "seconds": 8, "think_ms": 10},
         ),
     )
 
