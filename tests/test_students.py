@@ -312,6 +312,8 @@ class Presser(threading.Thread):
                     self.conflicts += 1
                 elif answer.status_code == 409:  # the job is over
                     return
+                elif answer.status_code == 503:  # the job is busy settling its accounts: press again
+                    pass
                 else:
                     self.refused.append(answer.json()["message"])
                 time.sleep(self.every_s)
