@@ -183,7 +183,7 @@ async def _press_every_second(port: int, token: str, seat: str, nickname: str, p
             presses.acknowledged[nickname] += 1
         elif status == 409 and b"Conflict" in body:
             presses.conflicts[nickname] += 1
-        elif status == 409:  # the job is over: writes are closed
+        elif status == 409 and b"writes are closed" in body:  # the job is over
             return
         elif status == 503:  # the job is settling its accounts: nothing written, press again
             presses.busy += 1

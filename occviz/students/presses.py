@@ -25,6 +25,7 @@ from typing import Any, Final
 
 from django.db import OperationalError, connection, transaction
 
+from occviz.jobs.affinity import quick_handoffs
 from occviz.jobs.models import Job
 from occviz.store import writes
 from occviz.store.cas import ANY
@@ -146,7 +147,9 @@ def _write(job: Job, student: Student, stored: VersionedObject, changes: dict[st
     writer = writes.Writer(Change.Via.STUDENT, student.nickname)
     read = stored.resource_version
     try:
-        with transaction.atomic():
+        # The web process's event loop sends frames to every page meanwhile: each statement's result must
+        # not wait its switch interval for the interpreter lock while the object is locked.
+        with quick_handoffs(), transaction.atomic():
             if not _hold_the_job(job):
                 raise _TooLate
             # Short of the object's lock, give way (a job settling its accounts holds it, and waits for
