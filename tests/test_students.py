@@ -312,6 +312,8 @@ class Presser(threading.Thread):
                     self.conflicts += 1
                 elif answer.status_code == 409:  # the job is over
                     return
+                elif answer.status_code == 503:  # the job is busy settling its accounts: press again
+                    pass
                 else:
                     self.refused.append(answer.json()["message"])
                 time.sleep(self.every_s)
@@ -432,6 +434,29 @@ async def test_a_refused_token_closes_the_socket_with_4403(alice: User, how: str
     assert code == 4403
     assert [m["type"] for m in received] == ["error"]
     assert received[0]["code"] == 4403
+
+
+@pytest.mark.asyncio
+async def test_a_link_revoked_while_its_sockets_are_open_closes_them_with_4403(
+    alice: User, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from asgiref.sync import sync_to_async
+
+    from occviz.students.consumers import StudentEventsConsumer
+
+    monkeypatch.setattr(StudentEventsConsumer, "RECHECK_S", 0.2)
+    job = await sync_to_async(_job)(alice)  # queued: its socket stays open, waiting for the job
+    link, token = await sync_to_async(_link)(job)
+    communicator = WebsocketCommunicator(application, f"/ws/s/{token}/events/?html=1", headers=[ORIGIN, HOST])
+    connected, _ = await communicator.connect(timeout=10)
+    assert connected
+    assert (await communicator.receive_json_from(timeout=10))["type"] == "hello"
+    await communicator.receive_nothing(timeout=0.5)  # still open, and following
+    assert await sync_to_async(link.revoke)()
+    error = await communicator.receive_json_from(timeout=10)
+    assert error["code"] == 4403 and "revoked" in error["error"]
+    closing = await communicator.receive_output(timeout=10)
+    assert closing["type"] == "websocket.close" and closing["code"] == 4403
 
 
 @pytest.mark.asyncio

@@ -17,7 +17,8 @@ as a class does) through the student page's own endpoint. It reports:
   counts it, against the job's clock), against 150 ms;
 - whether every student saw every event exactly once and the end, with the page's fragments;
 - whether every press the server acknowledged is counted by the job, on the student's own lane
-  (and every 409 too), and none refused.
+  (and every 409 too), and none refused (a 503 "busy", while the job settles its accounts at
+  its end, is counted apart: nothing was written).
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ class Presses:
     acknowledged: Tally[str] = field(default_factory=Tally)
     conflicts: Tally[str] = field(default_factory=Tally)
     refused: list[str] = field(default_factory=list)
+    busy: int = 0
 
 
 def students_bench(
@@ -89,6 +91,7 @@ def students_bench(
     viewers_complete = viewers_total = 0
     counted: list[str] = []
     refused: list[str] = []
+    busy = 0
     with web_servers(env, web_processes) as (port, _):
         # Rounds alternate, so a noisy machine slows both sides alike.
         for _ in range(rounds):
@@ -100,6 +103,7 @@ def students_bench(
             viewers_total += len(viewers)
             counted.append(_counted(job, presses))
             refused.extend(presses.refused)
+            busy += presses.busy
     commits_alone, commits_watched = statistics.median(alone), statistics.median(watched)
     return {
         "students": students,
@@ -123,6 +127,7 @@ def students_bench(
         "presses_counted": counted,
         "refused": refused[:5],
         "refused_count": len(refused),
+        "busy": busy,
     }
 
 
@@ -178,8 +183,10 @@ async def _press_every_second(port: int, token: str, seat: str, nickname: str, p
             presses.acknowledged[nickname] += 1
         elif status == 409 and b"Conflict" in body:
             presses.conflicts[nickname] += 1
-        elif status == 409:  # the job is over: writes are closed
+        elif status == 409 and b"writes are closed" in body:  # the job is over
             return
+        elif status == 503:  # the job is settling its accounts: nothing written, press again
+            presses.busy += 1
         else:
             presses.refused.append(f"{nickname}: {status} {body[:120]!r}")
         await asyncio.sleep(max(0.0, PRESS_EVERY_S - (time.monotonic() - started)))

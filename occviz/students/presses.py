@@ -23,8 +23,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
-from django.db import connection, transaction
+from django.db import OperationalError, connection, transaction
 
+from occviz.jobs.affinity import quick_handoffs
 from occviz.jobs.models import Job
 from occviz.store import writes
 from occviz.store.cas import ANY
@@ -34,6 +35,8 @@ from occviz.students.models import Student
 MAX_PRESSES_PER_S: Final = 5
 MAX_THINK_S: Final = 0.5
 """The longest the student thinks between read and write, whatever the job's think time."""
+JOB_LOCK_TIMEOUT: Final = "2s"
+OBJECT_LOCK_TIMEOUT: Final = "250ms"
 PRESS_ANNOTATION: Final = "occviz.dev/student-presses"
 """The Deployment's annotation the students increment: a field no controller owns."""
 
@@ -105,7 +108,33 @@ def take_a_turn(student: Student) -> bool:
 
 
 class _TooLate(Exception):
-    """The job had settled its accounts when the write got the object's lock."""
+    """The job had settled its accounts, or ended, before the press could write."""
+
+
+def _hold_the_job(job: Job) -> bool:
+    """Lock the job's row if it still follows outside writes (False if it has settled or ended).
+
+    Taken before the object's lock, so that the object is never held while this waits for the
+    job's row (the job's recorder holds it while it stores a batch): the job's own writers wait
+    for a press's few statements only. Held until the press commits, it keeps the job from
+    settling before the press's write is handed to it.
+    """
+    _lock_timeout(JOB_LOCK_TIMEOUT)
+    with connection.cursor() as cursor:
+        # The object stays locked until the commit: not waiting for its WAL flush keeps that short. A crash
+        # may lose the last presses, and with them the job, which is then ended without a verdict.
+        cursor.execute("SET LOCAL synchronous_commit = off")
+        cursor.execute(
+            "SELECT 1 FROM jobs_job WHERE id = %s AND status = %s AND outside_writes_closed_at IS NULL "
+            "FOR NO KEY UPDATE",
+            [job.pk, Job.Status.RUNNING],
+        )
+        return cursor.fetchone() is not None
+
+
+def _lock_timeout(value: str) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT set_config('lock_timeout', %s, true)", [value])
 
 
 def _think_s(job: Job) -> float:
@@ -118,7 +147,14 @@ def _write(job: Job, student: Student, stored: VersionedObject, changes: dict[st
     writer = writes.Writer(Change.Via.STUDENT, student.nickname)
     read = stored.resource_version
     try:
-        with transaction.atomic():
+        # The web process's event loop sends frames to every page meanwhile: each statement's result must
+        # not wait its switch interval for the interpreter lock while the object is locked.
+        with quick_handoffs(), transaction.atomic():
+            if not _hold_the_job(job):
+                raise _TooLate
+            # Short of the object's lock, give way (a job settling its accounts holds it, and waits for
+            # the job's row that this press holds): the press is refused, and the job goes on.
+            _lock_timeout(OBJECT_LOCK_TIMEOUT)
             try:
                 written = writes.update(stored, changes, writer, expected_version=ANY if blind else read)
             except VersionConflict as conflict:  # caught in here, so the refusal's record commits
@@ -128,10 +164,10 @@ def _write(job: Job, student: Student, stored: VersionedObject, changes: dict[st
                     f"Conflict (409): you read v{read}, but someone wrote first (it is v{now} now). "
                     "Press again to retry.",
                 )
-            # The job settles its accounts with its objects locked; a write that got the lock after
-            # that would be on the object and in no account: undone.
-            if not Job.objects.filter(pk=job.pk, status=Job.Status.RUNNING, outside_writes_closed_at=None).exists():
-                raise _TooLate
+    except OperationalError as error:
+        if getattr(error.__cause__, "sqlstate", None) != "55P03":  # lock_not_available
+            raise
+        return Pressed(503, "The job is busy (settling its accounts, or another write holds the object): press again.")
     except type(stored).DoesNotExist:
         return Pressed(409, "The object was deleted: nothing to write.")
     except _TooLate:

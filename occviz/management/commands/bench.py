@@ -279,7 +279,9 @@ class Command(BaseCommand):
             f"{figures['complete']}\n"
             f"  event-to-student latency: p50 {latency['p50']} ms, p95 {latency['p95']} ms "
             f"(target p95 <= {latency['target_p95']:g} ms)\n"
-            f"  presses: {'; '.join(figures['presses_counted'])}; refused: {figures['refused_count']}"
+            f"  presses: {'; '.join(figures['presses_counted'])}; refused: {figures['refused_count']} "
+            f"{figures['refused']}; "
+            f"busy (503, the job settling): {figures['busy']}"
         )
 
     def _streaming(self, title: str, clients: str, figures: dict[str, Any]) -> None:
