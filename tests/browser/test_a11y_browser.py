@@ -26,6 +26,8 @@ from occviz.jobs.models import Job
 from occviz.lessons.models import Lesson
 from occviz.scenarios import SCENARIOS
 from occviz.store.models import Counter
+from occviz.students.models import StudentLink
+from occviz.students.tokens import token_for
 from tests.browser.conftest import ARTIFACTS, PASSWORD
 from tests.servers import child_database_url, served_app
 from tests.test_every_page import JobSet
@@ -50,6 +52,8 @@ class Site:
     """A shipped lesson's slug."""
     counter: int
     """A stored counter's primary key (for the admin's change form)."""
+    student_link: str
+    """A student link to the running counter race, as the teacher makes it."""
 
     def job(self, scenario: str, state: str) -> Job:
         return self.jobs.subject(scenario, state).job
@@ -74,6 +78,7 @@ def site(
             lesson = Lesson.objects.order_by("pk").values_list("slug", flat=True)[0]
             counter = Counter.objects.create(name="a11y-shared", value=1).pk
             jobs = JobSet.start()
+            student = f"/s/{token_for(StudentLink.make(jobs.subject('counter', 'running').job, user))}/"
             with served_app(child_database_url(), tmp_path_factory.mktemp("a11y")) as url:
                 context = chromium.new_context(viewport={"width": 1400, "height": 900})
                 context.set_default_timeout(20_000)
@@ -83,7 +88,7 @@ def site(
                 page.fill("input[name=password]", PASSWORD)
                 page.click("button[type=submit]")
                 page.wait_for_url(f"{url}/")
-                yield Site(url, jobs, page, lesson, counter)
+                yield Site(url, jobs, page, lesson, counter, student)
         finally:
             if context is not None:
                 context.close()
@@ -152,6 +157,20 @@ def admin_conflict(site: Site) -> None:
     assert save(site.page) == 409
 
 
+def student_join(site: Site) -> None:
+    site.goto(site.student_link)
+    expect(site.page.locator("#nickname")).to_be_visible()
+
+
+def student_page(site: Site) -> None:
+    """A student's page once joined: the job followed live, the +1 button."""
+    student_join(site)
+    site.page.fill("#nickname", "axe")
+    site.page.click("button[type=submit]")
+    expect(site.page.locator("[data-plus-one]")).to_be_visible()
+    drawn(site.page)
+
+
 PAGES: dict[str, Callable[[Site], None]] = {
     "home": path("/"),
     **{f"launch form {name}": path(f"/jobs/new/{name}/") for name in SCENARIOS},
@@ -162,6 +181,8 @@ PAGES: dict[str, Callable[[Site], None]] = {
     "lesson step": lesson_step,
     "admin change form": admin_change_form,
     "admin conflict page": admin_conflict,
+    "student join page": student_join,
+    "student page": student_page,
 }
 
 

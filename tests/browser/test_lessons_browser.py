@@ -1,14 +1,13 @@
 """A teacher walks a lesson in Chromium: step by step, running each step's job and coming back to the lesson.
 
 Against Daphne and a db_worker on the test database, at a projector's sizes; the screenshots of each
-page are saved under /tmp/shots-lessons/ to be looked at.
+page are saved under artifacts/lessons/ to be looked at.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from django.contrib.auth.models import User
@@ -16,13 +15,13 @@ from playwright.sync_api import Browser, Page, expect
 
 from occviz.jobs.models import Job
 from occviz.lessons.models import Lesson, LessonRun, Step
-from tests.browser.conftest import PASSWORD
+from tests.browser.conftest import ARTIFACTS, PASSWORD
 from tests.browser.test_web_browser import sign_in
 from tests.test_lessons import STORY, ship
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
-SHOTS = Path("/tmp/shots-lessons")
+SHOTS = ARTIFACTS / "lessons"
 STEPS_WALKED = 3
 
 
@@ -37,7 +36,7 @@ def sized_page(request: pytest.FixtureRequest, chromium: Browser) -> Iterator[Pa
 
 
 def shot(page: Page, name: str) -> None:
-    SHOTS.mkdir(exist_ok=True)
+    SHOTS.mkdir(parents=True, exist_ok=True)
     size = page.viewport_size or {"width": 0, "height": 0}
     page.screenshot(path=str(SHOTS / f"{size['width']}x{size['height']}-{name}.png"))
 

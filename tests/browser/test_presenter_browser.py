@@ -7,7 +7,6 @@ checked is the layout and the keys, not the race.
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,12 +17,13 @@ from occviz.jobs.models import Job
 from occviz.jobs.runner import run_job
 from occviz.jobs.tasks import create_job, launch
 from occviz.lessons.models import Lesson, LessonRun
+from tests.browser.conftest import ARTIFACTS
 from tests.browser.test_web_browser import sign_in
 from tests.test_lessons import STORY, ship
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
-SHOTS = Path("/tmp/shots-presenter")
+SHOTS = ARTIFACTS / "presenter"
 
 SHORT_JOBS: dict[str, dict[str, Any]] = {
     "counter": {"strategy": "occ", "writers": 4, "seconds": 1, "think_ms": 2},
@@ -85,7 +85,7 @@ CUT = """(selector) => {
 
 
 def shot(page: Page, name: str, *, full_page: bool = False) -> None:
-    SHOTS.mkdir(exist_ok=True)
+    SHOTS.mkdir(parents=True, exist_ok=True)
     size = page.viewport_size or {"width": 0, "height": 0}
     page.screenshot(path=str(SHOTS / f"{size['width']}x{size['height']}-{name}.png"), full_page=full_page)
 

@@ -4,14 +4,13 @@ Against Daphne and a db_worker on the test database. The teacher makes the link 
 a student opens it at a phone's size, picks a nickname, follows the race live with no control in
 sight and presses +1 in a `none` race; the teacher's page then names the student for the updates
 their blind writes erased. The link revoked, altered or expired is refused. Screenshots go to
-/tmp/shots-students/ to be looked at.
+artifacts/students/ to be looked at.
 """
 
 from __future__ import annotations
 
 import re
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 from django.contrib.auth.models import User
@@ -21,11 +20,12 @@ from playwright.sync_api import Browser, Page, expect
 from occviz.jobs.models import Job
 from occviz.jobs.tasks import launch
 from occviz.students.models import StudentLink
+from tests.browser.conftest import ARTIFACTS
 from tests.browser.test_web_browser import sign_in
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
-SHOTS = Path("/tmp/shots-students")
+SHOTS = ARTIFACTS / "students"
 SIZES = ((1400, 900), (1280, 720))
 PHONE = {"width": 390, "height": 844}
 # Blind writers with think time: a student's press (half that think) lands among their commits.
@@ -33,7 +33,7 @@ RACE = {"strategy": "none", "writers": 2, "increments": None, "seconds": 9, "thi
 
 
 def shot(page: Page, name: str) -> None:
-    SHOTS.mkdir(exist_ok=True)
+    SHOTS.mkdir(parents=True, exist_ok=True)
     size = page.viewport_size or {"width": 0, "height": 0}
     page.screenshot(path=str(SHOTS / f"{size['width']}x{size['height']}-{name}.png"))
 
