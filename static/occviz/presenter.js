@@ -39,6 +39,7 @@
     ["a", "add a replica"],
     ["r", "run it again: a new job (in a lesson, the step again in the same lesson run)"],
     ["c", "captions on / off"],
+    ["s", "the student link (its address and QR code) large, for the class to scan; again to hide"],
     ["f", "full screen on / off"],
     ["?", "this list"],
     ["Esc", "leave presenter mode (and full screen)"],
@@ -73,7 +74,7 @@
 
   function leave() {
     root.classList.remove("presenting");
-    document.body.classList.remove("presenting");
+    document.body.classList.remove("presenting", "showing-student-link");
     setUrl(false);
     recolour(false);
     onResize();
@@ -306,6 +307,18 @@
     form.submit();
   }
 
+  /** The student link made on this page (students' panel), shown over the page large enough to scan from a seat. */
+  function toggleStudentLink() {
+    const panel = document.getElementById("student-link");
+    if (!panel || !panel.querySelector(".student-link-item")) {
+      document.body.classList.remove("showing-student-link");
+      return say(panel ? "No student link yet: make one on the normal page (Esc), under Students." : "No student link on this page.");
+    }
+    document.body.classList.toggle("showing-student-link");
+  }
+
+  const studentLinkShown = () => document.body.classList.contains("showing-student-link");
+
   function toggleCaptions() {
     const on = document.body.classList.toggle("captions-on");
     document.dispatchEvent(new CustomEvent("occviz:captions-toggle", { detail: { on } }));
@@ -366,14 +379,17 @@
     if (!presenting() || ev.ctrlKey || ev.metaKey || ev.altKey || inField(ev.target)) return;
     const key = ev.key;
     if (key === "?") return done(ev, () => showKeys(!keysShown()));
-    if (key === "Escape") return done(ev, keysShown() ? () => showKeys(false) : leave);
+    if (key === "Escape") {
+      if (keysShown()) return done(ev, () => showKeys(false));
+      return done(ev, studentLinkShown() ? toggleStudentLink : leave);
+    }
     if (key === " ") return done(ev, pauseOrResume);
     const replay = page() && page().occvizReplay;
     if (replay && (key === "ArrowLeft" || key === "ArrowRight")) return done(ev, () => replay.step(key === "ArrowLeft" ? -1 : 1));
     if (/^[1-9]$/.test(key)) return done(ev, () => select(Number(key)));
     const lower = key.length === 1 ? key.toLowerCase() : key;
     if (lower in CONTROL_KEYS) return done(ev, () => control(CONTROL_KEYS[lower]));
-    const actions = { a: addActor, r: runAgain, c: toggleCaptions, f: toggleFullScreen };
+    const actions = { a: addActor, r: runAgain, c: toggleCaptions, f: toggleFullScreen, s: toggleStudentLink };
     if (lower in actions) return done(ev, actions[lower]);
   }
 

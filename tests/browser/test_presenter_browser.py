@@ -133,6 +133,10 @@ def test_presenter_mode_shows_a_job_and_its_replay_on_one_screen(
     shot(page, f"{slug}-normal-large", full_page=True)
     page.click("[data-large-type]")
 
+    # A student link made from the job page's panel: presenter mode shows its address and QR code whole.
+    page.click("[data-make-link]")
+    page.wait_for_selector("[data-student-url]")
+
     # The Present button: presenter mode (full screen where the browser allows it), one screen.
     page.click("[data-present]")
     expect(page.locator("body")).to_have_class(re.compile(r"\bpresenting\b"))
@@ -142,9 +146,21 @@ def test_presenter_mode_shows_a_job_and_its_replay_on_one_screen(
     expect(page.locator("#live-state")).to_be_visible()
     expect(page.locator("[data-timeline]")).to_be_visible()
     expect(page.locator(".params-section")).to_be_hidden()
+    expect(page.locator("#student-link")).to_be_hidden()
     assert_fits(page, f"{slug}-presenting")
     page.set_viewport_size({"width": 1400, "height": 900})
     assert_fits(page, f"{slug}-presenting")
+    page.set_viewport_size({"width": 1280, "height": 720})
+    # `s` shows the student link over the page, whole, for the class to scan; `s` again hides it.
+    page.keyboard.press("s")
+    expect(page.locator("#student-link [data-student-url]")).to_be_visible()
+    expect(page.locator("#student-link svg")).to_be_visible()
+    expect(page.locator("#student-link [data-make-link]")).to_be_hidden()
+    assert page.evaluate(CUT, "#student-link svg, #student-link [data-student-url]") == []
+    assert page.evaluate(OFF_SCREEN) == []
+    shot(page, f"{slug}-student-link")
+    page.keyboard.press("s")
+    expect(page.locator("#student-link")).to_be_hidden()
     page.set_viewport_size({"width": 1280, "height": 720})
 
     # `?` lists the keys; Esc closes the list, and Esc again leaves presenter mode.
