@@ -212,6 +212,7 @@ def test_a_finished_job_page_draws_its_stored_events_and_hover_explains_a_mark(
     page.wait_for_function("document.querySelector('[data-page=job]').dataset.finished === '1'")
     page.wait_for_timeout(300)
     assert canvas_has_marks(page, "[data-timeline]")
+    page.locator("[data-timeline]").scroll_into_view_if_needed()  # below the figures, the captions and the state
     box = page.locator("[data-timeline]").bounding_box()
     assert box is not None
     tooltip = page.locator("[data-tooltip]")
