@@ -172,6 +172,8 @@ OCCVIZ_MAX_ROWS = envint("OCCVIZ_MAX_ROWS", 64, maximum=10_000)
 OCCVIZ_MAX_SECONDS = envint("OCCVIZ_MAX_SECONDS", 300, maximum=86_400)
 OCCVIZ_MAX_THINK_MS = envint("OCCVIZ_MAX_THINK_MS", 5_000, maximum=600_000)
 OCCVIZ_MAX_ATTEMPTS = envint("OCCVIZ_MAX_ATTEMPTS", 1_000, maximum=1_000_000)
+# MySQL-compatible servers step scripts may run on (the anomalies table's second column); no other may be named.
+OCCVIZ_MYSQL_URLS = envlist("OCCVIZ_MYSQL_URLS", ["mysql://root@127.0.0.1:3306/"])
 # Across jobs (occviz/jobs/tasks.py): queued and running jobs hold at most the database's connections
 # (OCCVIZ_DB_CONNECTIONS, 0: what it lets this role open) less a reserve for the web server and workers,
 # and one person has at most OCCVIZ_MAX_JOBS_PER_USER of them.

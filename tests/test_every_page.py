@@ -44,6 +44,9 @@ FINISHED: dict[str, dict[str, Any]] = {
     },
     "quota": {"pods": 4, "hard": 2, "request": 1, "workers": 2, "think_ms": 1},
     "controllers": {"strategy": "occ", "controllers": 2, "rate_per_s": 50, "think_ms": 5, "seconds": 0.5},
+    "step": {"script": "for-update-wait", "pace": "written order"},
+    "anomalies": {"anomalies": "P4", "levels": "read-committed"},
+    "sweep": {"strategies": "atomic", "max_writers": 1, "seconds": 1},
 }
 # Slow ones: they share this process with the pages it opens.
 RUNNING: dict[str, dict[str, Any]] = {
@@ -51,8 +54,13 @@ RUNNING: dict[str, dict[str, Any]] = {
     "leader-election": {**FINISHED["leader-election"], "lease_duration": 3, "renew_deadline": 2, "seconds": 300},
     "quota": {"pods": 500, "hard": 20, "request": 1, "workers": 1, "think_ms": 200, "seconds": 300},
     "controllers": {**FINISHED["controllers"], "rate_per_s": 4, "seconds": 300},
+    "step": {"script": "for-update-wait", "pace": "by hand"},
+    "anomalies": {"step_ms": 5000},
+    "sweep": {"strategies": "occ", "max_writers": 1, "seconds": 60, "think_ms": 50},
 }
 STATES = ("finished", "running")
+WITHOUT_OBJECTS = ("step", "anomalies")
+"""Scenarios whose rows are not objects of the store (a step job's live in a schema of its own): nothing to watch."""
 
 
 @dataclass(frozen=True)
@@ -133,7 +141,8 @@ class JobSet:
         """Until every runjob's job has stored events (its objects are made by then)."""
         deadline = time.monotonic() + timeout
         while True:
-            running = Job.objects.filter(status="running", last_seq__gt=0).exclude(pk__in=finished)
+            # A job's parts (a sweep's counter races, an anomalies table's step jobs) are not the runjobs' own.
+            running = Job.objects.filter(status="running", last_seq__gt=0, parent=None).exclude(pk__in=finished)
             found = {job.scenario: job for job in running}
             if len(found) == len(SCENARIOS):
                 break
@@ -220,7 +229,7 @@ def test_every_page_of_a_job_answers(job_set: JobSet, viewer: Client, scenario: 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("state", STATES)
-@pytest.mark.parametrize("scenario", list(SCENARIOS))
+@pytest.mark.parametrize("scenario", [name for name in SCENARIOS if name not in WITHOUT_OBJECTS])
 def test_the_watch_page_of_every_object_a_job_uses_answers(
     job_set: JobSet, viewer: Client, scenario: str, state: str
 ) -> None:

@@ -476,6 +476,9 @@ def test_a_job_runs_the_election_through_its_context_and_summarizes_its_stored_e
         "conflicts",
         "fenced_writes_rejected",
         "fenced_writes_landed",
+        "split_brain_s",
+        "non_leader_writes_landed",
+        "non_leader_writes_fenced",
         "invariant_ok",
         "invariant",
     }

@@ -22,8 +22,13 @@ COUNTER = SCENARIOS["counter"]
 def test_every_preset_runs_5_to_20_seconds_and_ends_by_itself(scenario: str, slug: str) -> None:
     spec = SCENARIOS[scenario]
     params = spec.clean(next(p for p in spec.presets if p.slug == slug).params)
-    assert 5 <= params["seconds"] <= 20, params
-    assert params.get("increments") is None  # set by time, not by a count that a fast machine finishes at once
+    if scenario == "step":
+        assert params["pace"] == "by hand", params  # the teacher paces a script, step by step
+    elif scenario == "anomalies":
+        assert "seconds" not in params  # a fixed suite of scripts, each to its end
+    else:
+        assert 5 <= params["seconds"] <= 20, params  # a sweep's: each point's
+        assert params.get("increments") is None  # set by time, not by a count that a fast machine finishes at once
 
 
 @pytest.mark.parametrize(

@@ -32,6 +32,8 @@ FINISHED_JOBS = {
     "leader-election": {"replicas": 3, "lease_duration": 1.0, "renew_deadline": 0.6, "retry_period": 0.2, "seconds": 2},
     "quota": {"pods": 6, "hard": 3, "create_failure_rate": 0.3, "resync_seconds": 1, "seed": 4},
     "controllers": {"strategy": "occ", "controllers": 2, "seconds": 1.0},
+    "step": {"script": "deadlock", "pace": "written order"},
+    "anomalies": {"anomalies": "P4 G1a", "levels": "read-committed"},
 }
 
 

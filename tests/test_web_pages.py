@@ -238,6 +238,25 @@ def test_cancel_a_queued_job(signed_in: Client, alice: User) -> None:
     assert (job.status, job.cancel_requested) == ("cancelled", True)
 
 
+@pytest.mark.parametrize(
+    ("referer", "back_to"),
+    [
+        ("http://testserver/jobs/{pk}/?present=1", "/jobs/{pk}/?present=1"),
+        ("http://testserver/jobs/{pk}/", "/jobs/{pk}/"),
+        ("http://elsewhere.example/jobs/{pk}/?present=1", "/jobs/{pk}/"),
+        ("http://testserver/jobs/{pk}/?present=1&next=//evil", "/jobs/{pk}/"),
+    ],
+)
+def test_a_form_posted_without_htmx_returns_to_the_page_as_it_was(
+    signed_in: Client, alice: User, referer: str, back_to: str
+) -> None:
+    # A key pressed in presenter mode before htmx took the form over posts it plainly: presenter mode stays on.
+    job = Job.objects.create(scenario="counter", params={"strategy": "occ", "writers": 4}, created_by=alice)
+    response = signed_in.post(f"/jobs/{job.pk}/cancel/", headers={"Referer": referer.format(pk=job.pk)})
+    assert response.status_code == 302
+    assert response["Location"] == back_to.format(pk=job.pk)
+
+
 def test_cancel_a_running_job_asks_it_to_stop(signed_in: Client, alice: User) -> None:
     job = Job.objects.create(scenario="counter", params={}, status="running", created_by=alice)
     response = signed_in.post(f"/jobs/{job.pk}/cancel/", headers={"HX-Request": "true"})

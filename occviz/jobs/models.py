@@ -51,6 +51,14 @@ class Job(models.Model):
     outside_writes_closed_at = models.DateTimeField(
         null=True, blank=True, help_text="When it stopped following outside writes (it settled its accounts)."
     )
+    parent = models.ForeignKey(
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="children",
+        help_text="The job this one is a part of (a point of a sweep, a cell of the anomalies table).",
+    )
 
     class Meta:
         ordering = ["-id"]

@@ -128,6 +128,12 @@ def stop_all_jobs(reason: str = "cancelled") -> list[int]:
     return [context.job.pk for context in contexts]
 
 
+def running_context(job_id: int) -> JobContext | None:
+    """The context of job `job_id` if this process runs it now."""
+    with _running_lock:
+        return _running.get(job_id)
+
+
 def _failure(error: BaseException) -> str:
     """A job's `error` for an exception: the one-line reason first (pages and `manage.py jobs` show it), then where."""
     return f"{type(error).__name__}: {error}\n\n{traceback.format_exc()}"

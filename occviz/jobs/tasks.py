@@ -82,9 +82,12 @@ def database_max_connections() -> int:
 
 
 def connections_in_use() -> int:
-    """The connections queued and running jobs hold, or will once a worker takes them."""
+    """The connections queued and running jobs hold, or will once a worker takes them.
+
+    A job's parts (children) are inside their parent's count.
+    """
     used = 0
-    for scenario, params in Job.objects.filter(status__in=_ACTIVE).values_list("scenario", "params"):
+    for scenario, params in Job.objects.filter(status__in=_ACTIVE, parent=None).values_list("scenario", "params"):
         # A scenario no longer installed, or parameters it cannot read: such a job cannot run, so holds nothing.
         with contextlib.suppress(LookupError):
             used += connections_needed(scenario, params)
@@ -100,7 +103,7 @@ def _admit(scenario: str, params: dict[str, Any], user: Any) -> None:
         cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_ADMISSION_LOCK])
     per_user = settings.OCCVIZ_MAX_JOBS_PER_USER
     if user is not None and user.is_authenticated:
-        active = Job.objects.filter(created_by=user, status__in=_ACTIVE).count()
+        active = Job.objects.filter(created_by=user, status__in=_ACTIVE, parent=None).count()
         if active >= per_user:
             raise LaunchRefused(
                 f"You have {active} jobs queued or running, the most one person may have at once "
@@ -119,12 +122,17 @@ def _admit(scenario: str, params: dict[str, Any], user: Any) -> None:
         )
 
 
-def create_job(scenario: str, data: dict[str, Any], user: Any = None) -> Job:
-    """A queued job with validated parameters; ParamsError (LaunchRefused when it does not fit now), and no job made."""
+def create_job(scenario: str, data: dict[str, Any], user: Any = None, *, parent: Job | None = None) -> Job:
+    """A queued job with validated parameters; ParamsError (LaunchRefused when it does not fit now), and no job made.
+
+    A part of a running job (`parent`) is not admitted again: the parent's own admission
+    counted the connections its largest part needs (its scenario's `connections`).
+    """
     params = program(scenario).clean(data)
     with transaction.atomic():
-        _admit(scenario, params, user)
-        return Job.objects.create(scenario=scenario, params=params, created_by=user)
+        if parent is None:
+            _admit(scenario, params, user)
+        return Job.objects.create(scenario=scenario, params=params, created_by=user, parent=parent)
 
 
 def launch(scenario: str, data: dict[str, Any], user: Any = None) -> Job:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -202,7 +203,12 @@ class JobEventsConsumer(RefusingConsumer):
             # consecutive frames go as one message, up to MAX_EVENTS_PER_FRAME events
             for run in merge_runs(frames):
                 feed = self.feed
-                if feed is None or run[-1].html is None:
+                if feed is not None and run[-1].html is None and self.html and whole:
+                    # History read from the store, no fragments with it: the page gets them as of its end, or a
+                    # job that then waits (stepped by hand) would show the page's first paint until it moves on.
+                    await self.send(text_data=await self.with_fragments(job_id, run))
+                    whole = False
+                elif feed is None or run[-1].html is None:
                     await self.send(text_data=wire_text(job_id, run))
                 else:
                     await self.send(text_data=feed.encoded(run, html=self.html, whole=whole))
@@ -216,6 +222,12 @@ class JobEventsConsumer(RefusingConsumer):
             end["html"] = await (feed.end_html() if feed else read_history(self.final_fragments))
         await self.send_json(end)
         await self.close(code=1000)
+
+    async def with_fragments(self, job_id: int, run: list[WireFrame]) -> str:
+        """The message for `run` with the page's fragments as of its last event (a copy: history frames are shared)."""
+        last = copy.copy(run[-1])
+        last.html = await read_history(lambda: fragments.render_parts(fragments.context_at(self.state, last.seq_to)))
+        return wire_text(job_id, [*run[:-1], last], html=True, whole=True)
 
     def final_fragments(self) -> str:
         """The page's fragments once the job has ended: its verdict, final figures and state, last events."""

@@ -254,14 +254,18 @@ async def subscribe(state: JobState, *, html: bool = False) -> JobFeed:
         if feed is None:
             feed = JobFeed(state)
             feeds[state.info.id] = feed
+            # Counted before it starts: the frames it reads on starting (a job that began meanwhile) carry
+            # the fragments its first viewer wants, or a job that then waits (stepped by hand) shows none.
+            feed.viewers, feed.html_viewers = 1, int(html)
             try:
                 await feed.start()
             except BaseException:
                 del feeds[state.info.id]
                 await feed.stop()
                 raise
-        feed.viewers += 1
-        feed.html_viewers += html
+        else:
+            feed.viewers += 1
+            feed.html_viewers += html
     return feed
 
 

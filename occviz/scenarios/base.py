@@ -257,6 +257,8 @@ class Scenario:
     """Summary keys shown side by side in compare, with their labels."""
     controls: tuple[Control, ...] = ()
     """What a person can do to the job while it runs; `run()` takes them with `context.on_control`."""
+    headless: Mapping[str, Any] = {}
+    """Parameters `runjob` gives a job unless its flags say otherwise (a job stepped by hand runs itself there)."""
     list_params: tuple[str, ...] = ()
     """Parameters given as several words on the command line (`--skew replica-2=30 replica-3=-5`)."""
     state_title = "Contended objects"

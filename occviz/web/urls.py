@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from occviz.web import again, views
+from occviz.web import again, anomalies, views
 
 urlpatterns = [
     path("", views.home, name="home"),
@@ -14,6 +14,7 @@ urlpatterns = [
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("jobs/new/<slug:scenario>/", views.job_new, name="job_new"),
     path("jobs/compare/", views.job_compare, name="job_compare"),
+    path("anomalies/", anomalies.anomalies_page, name="anomalies"),
     path("jobs/<int:job_id>/", views.job_detail, name="job_detail"),
     path("jobs/<int:job_id>/cancel/", views.job_cancel, name="job_cancel"),
     path("jobs/<int:job_id>/control/", views.job_control, name="job_control"),

@@ -6,6 +6,7 @@ import collections
 import math
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 from django import forms
 from django.contrib.auth.decorators import login_required
@@ -251,7 +252,7 @@ def job_cancel(request: HtmxHttpRequest, job_id: int) -> HttpResponse:
         job.request_cancel()
     if request.htmx:
         return render(request, "web/job_detail.html#controls", _job_context(request, job))
-    return redirect("job_detail", job_id=job.pk)
+    return redirect(_back_to_the_job(request, job))
 
 
 @require_POST
@@ -273,7 +274,16 @@ def job_control(request: HtmxHttpRequest, job_id: int) -> HttpResponse:
     note = f"Sent: {action}{target}{f' for {seconds:g} s' if seconds else ''}."
     if request.htmx:
         return render(request, "web/job_detail.html#actor-controls", _job_context(request, job, note), status=202)
-    return redirect("job_detail", job_id=job.pk)
+    return redirect(_back_to_the_job(request, job))
+
+
+def _back_to_the_job(request: HttpRequest, job: Job) -> str:
+    """Where a form posted without htmx returns: the job's page as it was asked for (presenter mode stays on)."""
+    page = reverse("job_detail", args=[job.pk])
+    came_from = urlsplit(request.headers.get("Referer", ""))
+    if came_from.path == page and came_from.netloc == request.get_host() and came_from.query == "present=1":
+        return f"{page}?present=1"
+    return page
 
 
 def _control_request(request: HttpRequest, job: Job, spec: Scenario | None) -> tuple[str, int | None, float | None]:

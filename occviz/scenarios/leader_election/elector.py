@@ -3,8 +3,9 @@
 `LeaderElector` is one replica: client-go's `tryAcquireOrRenew`, its acquire loop
 (jittered), its renew loop (RenewDeadline), ReleaseOnCancel, and the guarded work a
 leader does with its fencing token, over a connection of its own through its own proxy
-(connection.py, proxy.py). Its failure controls (kill, stop, pause, cut off, skew) may be
-called from any thread; the replicas as a group are actors.py.
+(connection.py, proxy.py). Its failure controls (kill, stop, pause, cut off, skew, starve) may
+be called from any thread; the replicas as a group are actors.py. Its `Habits` are how its
+controller departs from a careful one, the stuff of the incidents from the field.
 
 Every step is recorded through `record(actor, op, attempt, kind, row, **fields)`
 (occviz.concurrency.writer.Record: the job recorder's signature).
@@ -24,7 +25,7 @@ from typing import Any, Final
 
 from occviz.concurrency.writer import Record
 from occviz.scenarios.leader_election.connection import DB_ERRORS, LeaseRecord, ReplicaConnection, Written
-from occviz.scenarios.leader_election.fencing import fenced_increment
+from occviz.scenarios.leader_election.fencing import fenced_increment, unfenced_increment
 from occviz.scenarios.leader_election.proxy import DatabaseProxy
 from occviz.store.leases import released
 
@@ -79,6 +80,32 @@ class LeaderElectionConfig:
         """The acquire loop's wait: client-go's wait.Jitter(RetryPeriod, JitterFactor)."""
         return self.retry_period * (1.0 + rng.random() * JITTER_FACTOR)
 
+    def scaled_to(self, lease_duration: float) -> LeaderElectionConfig:
+        """This config with LeaseDuration `lease_duration`, RenewDeadline and RetryPeriod in the same ratios."""
+        factor = lease_duration / self.lease_duration
+        return LeaderElectionConfig(
+            lease_duration, self.renew_deadline * factor, self.retry_period * factor, self.release_on_cancel
+        )
+
+
+@dataclass(frozen=True)
+class Habits:
+    """How a replica's controller departs from a careful one: what the incidents from the field are made of.
+
+    `fencing` off: its guarded writes carry a token nobody checks. `work_after_loss_s`: its
+    work loop is bound to the process, not to its leadership, and runs on that long after it
+    stepped down. `shutdown_s`: stopped while leading, it stops renewing at once but drains
+    its work that long before it releases. `own_lease`: it judges every record's expiry by its
+    own LeaseDuration instead of the record's leaseDurationSeconds. `start_delay_s`: it starts
+    that long after the others (a rollout adding it).
+    """
+
+    fencing: bool = True
+    work_after_loss_s: float = 0.0
+    shutdown_s: float = 0.0
+    own_lease: bool = False
+    start_delay_s: float = 0.0
+
 
 def identity(number: int) -> str:
     """A replica's holder identity in the Lease."""
@@ -94,7 +121,7 @@ class LeaderElector:
     """One replica: client-go's LeaderElector on the Lease `lease_id`, doing guarded work on `counter_id`.
 
     `run(ready)` is the replica's thread. Its controls (`kill`, `request_stop`, `pause`,
-    `cut_off`, `skew`) may be called from any other thread at any moment; they take
+    `cut_off`, `skew`, `starve`) may be called from any other thread at any moment; they take
     effect at once (a sleeping replica is woken).
     """
 
@@ -111,8 +138,10 @@ class LeaderElector:
         proxies: Callable[[str], DatabaseProxy],
         using: str = "default",
         on_started: Callable[[], None] = lambda: None,
+        habits: Habits | None = None,
     ) -> None:
         self.number = number
+        self.habits = habits or Habits()
         self.identity = identity(number)
         self.lease_id = lease_id
         self.counter_id = counter_id
@@ -139,6 +168,7 @@ class LeaderElector:
         self.paused = False
         self.last_failure = ""
         self._pending_pause: float | None = None
+        self._pending_starve: float | None = None
         self._wake = threading.Event()
         self._record_lock = threading.Lock()
 
@@ -167,7 +197,11 @@ class LeaderElector:
         """client-go's isLeaseValid: observed + the record's duration is still ahead of `now` (monotonic)."""
         if self.observed is None:
             return False
-        return self.observed_time + self.config.duration_of(self.observed) > now
+        return self.observed_time + self.lease_duration_of(self.observed) > now
+
+    def lease_duration_of(self, record: LeaseRecord) -> float:
+        """How long `record` is valid for this replica: the record's duration, or its own if it judges by its own."""
+        return self.config.lease_duration if self.habits.own_lease else self.config.duration_of(record)
 
     def _observe(self, record: LeaseRecord) -> None:
         self.observed = record
@@ -239,6 +273,8 @@ class LeaderElector:
         previous_holder = read.holder_identity
         self._observe(_with_version(desired, written))
         detail: dict[str, Any] = {"db_time": written.db_time.isoformat()}
+        if self.habits.own_lease:
+            detail["lease_s"] = self.config.lease_duration
         if not renewing and previous_holder not in ("", self.identity):
             detail["holder"] = previous_holder
         self.record(
@@ -302,18 +338,31 @@ class LeaderElector:
 
     # -- the guarded work ---------------------------------------------------------------------------
 
-    def guarded_write(self) -> None:
-        """Increment the guarded counter with this leader's fencing token; record whether it landed."""
-        if self.token is None or self.connection is None:
+    def guarded_write(self, token: int | None = None, *, working_on: str = "") -> None:
+        """Increment the guarded counter with this leader's fencing token; record whether it landed.
+
+        `token` and `working_on` ("after it lost the lease", "while it shuts down") for the work a replica goes on
+        doing when it no longer leads. The database's clock at the write is recorded with it.
+        """
+        token = self.token if token is None else token
+        if token is None or self.connection is None:
             return
         started = time.perf_counter()
         try:
             self._ensure_connected()
-            result = fenced_increment(self.connection, self.counter_id, self.token)
+            if self.habits.fencing:
+                result = fenced_increment(self.connection, self.counter_id, token, self.lease_id)
+            else:
+                result = unfenced_increment(self.connection, self.counter_id, token)
         except DB_ERRORS as error:
             self._database_failed(error, "guarded_write")
             return
         took_ms = (time.perf_counter() - started) * 1000.0
+        detail: dict[str, Any] = {"db_time": result.db_time.isoformat()}
+        if not self.habits.fencing:
+            detail["unfenced"] = True
+        if working_on:
+            detail["working_on"] = working_on
         if result.landed:
             self.record(
                 "guarded_write",
@@ -323,6 +372,7 @@ class LeaderElector:
                 value_read=result.newest_token,
                 value_written=result.token,
                 duration_ms=took_ms,
+                detail=detail,
             )
         else:
             self.record(
@@ -332,7 +382,31 @@ class LeaderElector:
                 value_read=result.newest_token,
                 value_written=result.token,
                 duration_ms=took_ms,
+                detail=detail,
             )
+
+    def _keep_working(self, token: int, seconds: float, why: str) -> None:
+        """The guarded work every RetryPeriod for `seconds`, not leading: only a kill or the end stops it."""
+        self.record("working_on", self.counter_id, detail={"seconds": seconds, "why": why, "token": token})
+        deadline = time.monotonic() + seconds
+        next_write = time.monotonic() + self.config.retry_period
+        while next_write <= deadline:
+            if not self._sleep_until(next_write):
+                return
+            self.guarded_write(token, working_on=why)
+            next_write += self.config.retry_period
+        if self._sleep_until(deadline):
+            self.record("work_stopped", self.counter_id, detail={"why": why, "token": token})
+
+    def _sleep_until(self, moment: float) -> bool:
+        """Sleep until `moment` (monotonic), whatever is requested meanwhile; False if killed or the job ended."""
+        while not (self.killed or self._end.is_set()):
+            remaining = moment - time.monotonic()
+            if remaining <= 0:
+                return True
+            self._wake.wait(remaining)
+            self._wake.clear()
+        return False
 
     # -- the loops --------------------------------------------------------------------------------
 
@@ -344,6 +418,8 @@ class LeaderElector:
             self.connection.ensure()  # before the barrier: connecting is not part of the race
             ready()
             self._on_started()
+            if self.habits.start_delay_s:
+                self._wait(self.habits.start_delay_s)
             while not self._done():
                 if self._acquire():
                     self._lead()
@@ -384,13 +460,21 @@ class LeaderElector:
         self.guarded_write()
         last_renew = time.monotonic()
         attempt = 0
+        token = self.token
         try:
             while self._wait(self.config.retry_period) and self._pause_point():
                 self.op += 1
                 attempt += 1
                 self.guarded_write()
                 if self._done():
-                    return
+                    break
+                if self._starve_point():
+                    # The renewal comes too late: client-go's renew runs under a RenewDeadline
+                    # timeout, which expired while the thread was starved.
+                    since = time.monotonic() - last_renew
+                    if since >= self.config.renew_deadline:
+                        self._step_down(token, since, attempt)
+                        return
                 if self._try(attempt, renewing=True):
                     last_renew = time.monotonic()
                     attempt = 0
@@ -398,11 +482,21 @@ class LeaderElector:
                 self.record("renew_failed", self.lease_id, attempt, detail={"reason": self.last_failure})
                 since = time.monotonic() - last_renew
                 if since >= self.config.renew_deadline:
-                    self.record("lost", self.lease_id, attempt, detail={"since_renew_s": round(since, 3)})
+                    self._step_down(token, since, attempt)
                     return
+            if self.stop_requested and self.habits.shutdown_s and not (self.killed or self._end.is_set()):
+                # Stopped: no more renewals, but the work drains before the release.
+                self._keep_working(token, self.habits.shutdown_s, "while it shuts down")
         finally:
             self.leading = False
             self.token = None
+
+    def _step_down(self, token: int | None, since: float, attempt: int) -> None:
+        """OnStoppedLeading: no renewal for RenewDeadline. A work loop bound to the process runs on."""
+        self.record("lost", self.lease_id, attempt, detail={"since_renew_s": round(since, 3)})
+        if token is not None and self.habits.work_after_loss_s and not self._done():
+            self.leading = False
+            self._keep_working(token, self.habits.work_after_loss_s, "after it lost the lease")
 
     def _try(self, attempt: int, *, renewing: bool) -> bool:
         try:
@@ -463,6 +557,16 @@ class LeaderElector:
                 self.record("woke", detail=woke)
         return not self._done()
 
+    def _starve_point(self) -> bool:
+        """Stall here if a CPU starvation is pending (the renewal's turn comes that late); True if it stalled."""
+        seconds = self._pending_starve
+        if seconds is None or self._done():
+            return False
+        self._pending_starve = None
+        self.record("starved", detail={"seconds": seconds, "leading": self.leading})
+        self._sleep_until(time.monotonic() + seconds)
+        return True
+
     # -- the controls (from other threads) ------------------------------------------------------------
 
     def wake(self) -> None:
@@ -487,6 +591,13 @@ class LeaderElector:
             raise ValueError(f"{self.identity} is already paused")
         self._pending_pause = seconds
         self.wake()
+
+    def starve(self, seconds: float) -> None:
+        if self._pending_starve is not None:
+            raise ValueError(f"{self.identity} is already starved")
+        if not self.leading:
+            raise ValueError(f"{self.identity} does not lead: only a leader's renewals can be starved")
+        self._pending_starve = seconds
 
     def cut_off(self, seconds: float) -> None:
         if self.proxy is None:

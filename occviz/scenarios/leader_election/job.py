@@ -7,6 +7,7 @@ the API is followed on a lane of its own, as one more contender.
 
 from __future__ import annotations
 
+import math
 import random
 import threading
 import time
@@ -17,7 +18,7 @@ from django.db import transaction
 
 from occviz.scenarios.base import State
 from occviz.scenarios.leader_election.actors import LeaderElection, TimedControl, create_objects
-from occviz.scenarios.leader_election.elector import LeaderElectionConfig, identity
+from occviz.scenarios.leader_election.elector import Habits, LeaderElectionConfig, identity
 from occviz.scenarios.leader_election.summary import describe_failover, read_events, summarize
 from occviz.scenarios.outside import outside_write, written_at
 from occviz.store.models import Lease
@@ -49,7 +50,33 @@ def _timed_controls(params: Mapping[str, Any]) -> list[TimedControl]:
         controls.append(TimedControl("pause", params["pause_leader_at"], seconds=params["pause_for"]))
     if params.get("cut_off_leader_at") is not None:
         controls.append(TimedControl("cut_off", params["cut_off_leader_at"], seconds=params["cut_off_for"]))
+    every = params.get("starve_leader_every")
+    if every:
+        # Bursts: whoever leads at each moment is starved (the node's noisy neighbour stays).
+        count = math.ceil(params["seconds"] / every) - 1  # the bursts that begin before the end
+        controls += [TimedControl("starve", every * n, seconds=params["starve_for"]) for n in range(1, count + 1)]
     return controls
+
+
+def _habits(params: Mapping[str, Any]) -> Habits:
+    return Habits(
+        fencing=not params.get("no_fencing"),
+        work_after_loss_s=params.get("work_after_loss") or 0.0,
+        shutdown_s=params.get("shutdown_for") or 0.0,
+    )
+
+
+def _lease_durations(params: Mapping[str, Any]) -> dict[int, float]:
+    pairs = (word.split("=") for word in (params.get("lease_durations") or "").split())
+    return {int(name.removeprefix("replica-")): float(seconds) for name, seconds in pairs}
+
+
+def is_incident(params: Mapping[str, Any]) -> bool:
+    """Whether the job's replicas were made to misbehave as in an incident from the field."""
+    return any(
+        params.get(name)
+        for name in ("no_fencing", "work_after_loss", "shutdown_for", "lease_durations", "starve_leader_every")
+    )
 
 
 def _skews(params: Mapping[str, Any]) -> list[tuple[int, float]]:
@@ -57,7 +84,13 @@ def _skews(params: Mapping[str, Any]) -> list[tuple[int, float]]:
     return [(int(name.removeprefix("replica-")), float(seconds)) for name, seconds in pairs]
 
 
-_TAKEN_DOWN = {"killed": "was killed", "stopped": "was stopped", "paused": "was paused", "cut_off": "was cut off"}
+_TAKEN_DOWN = {
+    "killed": "was killed",
+    "stopped": "was stopped",
+    "paused": "was paused",
+    "cut_off": "was cut off",
+    "starved": "was starved of CPU",
+}
 
 
 class FailoverNarrator:
@@ -101,6 +134,8 @@ def run(context: JobContext) -> dict[str, Any]:
         stop=context.stop,
         config=config,
         seed=seed,
+        habits=_habits(params),
+        lease_durations=_lease_durations(params),
     )
     # Skews apply as the replicas are released; the failures at their moments.
     skews = [TimedControl("skew", 0.0, replica=replica, seconds=seconds) for replica, seconds in _skews(params)]
@@ -143,7 +178,14 @@ def run(context: JobContext) -> dict[str, Any]:
     finally:
         with _running_lock:
             _running.pop(job.pk, None)
-    summary = summarize(read_events(job.pk), Lease.objects.get(pk=lease.pk), config, replicas=len(election.replicas))
+    summary = summarize(
+        read_events(job.pk),
+        Lease.objects.get(pk=lease.pk),
+        config,
+        replicas=len(election.replicas),
+        incident=is_incident(params),
+        fencing=not params.get("no_fencing"),
+    )
     summary["failovers_in_words"] = [describe_failover(failover) for failover in summary["failovers"]]
     summary["duration_s"] = round(duration_s, 4)
     summary["seed"] = seed
@@ -228,7 +270,7 @@ def _replica_states(election: LeaderElection) -> list[dict[str, Any]]:
         timer = None
         observed = elector.observed
         if status in ("running", "paused", "cut off") and observed is not None and observed.holder_identity:
-            timer = round(max(0.0, elector.observed_time + elector.config.duration_of(observed) - now), 1)
+            timer = round(max(0.0, elector.observed_time + elector.lease_duration_of(observed) - now), 1)
         states.append(
             {
                 "number": number,

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 
 MAX_REPLICAS = 16
 _SKEW = re.compile(r"^(?:replica-)?(\d{1,3})=([+-]?\d{1,5}(?:\.\d{1,3})?)$")
+_LEASE_DURATION = re.compile(r"^(?:replica-)?(\d{1,3})=(\d{1,5}(?:\.\d{1,3})?)$")
 
 
 def _seconds_field(
@@ -64,6 +65,33 @@ class LeaderElectionForm(ScenarioForm):
         required=False,
         max_length=400,
         help_text="Clock skews, e.g. replica-2=30 replica-3=-5 (seconds, ahead or behind).",
+    )
+    no_fencing = forms.BooleanField(
+        required=False, label="No fencing", help_text="Guarded writes carry a token nobody checks: stale writes land."
+    )
+    work_after_loss = _seconds_field(
+        "Work after losing the lease (s)",
+        None,
+        "Work bound to the process, not to the leadership: it writes this long after stepping down.",
+        minimum=0.1,
+    )
+    shutdown_for = _seconds_field(
+        "Shutdown takes (s)",
+        None,
+        "A stopped leader stops renewing but writes this long before it releases.",
+        minimum=0.1,
+    )
+    lease_durations = forms.CharField(
+        required=False,
+        max_length=400,
+        label="Own lease durations",
+        help_text="e.g. replica-2=0.5: that replica judges every lease by its own LeaseDuration (seconds).",
+    )
+    starve_leader_every = _seconds_field(
+        "Starve the leader every (s)", None, "CPU starvation in bursts: the leader's renewal comes late.", minimum=0.5
+    )
+    starve_for = _seconds_field(
+        "Starve for (s)", None, "Default: the lease duration plus the renew deadline.", minimum=0.1
     )
     release_on_cancel = forms.BooleanField(
         required=False, label="Release on cancel", help_text="client-go ReleaseOnCancel: a stopping leader releases."
@@ -93,7 +121,39 @@ class LeaderElectionForm(ScenarioForm):
         if data.get("cut_off_leader_at") is not None and data.get("cut_off_for") is None:
             data["cut_off_for"] = data["lease_duration"]
         data["skew"] = self._skews(data.get("skew") or "", data["replicas"])
+        data["lease_durations"] = self._lease_durations(data.get("lease_durations") or "", data)
+        if data.get("shutdown_for") is not None and data.get("stop_leader_at") is None:
+            self.add_error("shutdown_for", "Give the moment of the stop too (stop the leader at).")
+        if data.get("starve_for") is not None and data.get("starve_leader_every") is None:
+            self.add_error("starve_for", "Give how often too (starve the leader every).")
+        if data.get("starve_leader_every") is not None:
+            if data.get("starve_for") is None:
+                data["starve_for"] = data["lease_duration"] + data["renew_deadline"]
+            if data["starve_for"] >= data["starve_leader_every"]:
+                self.add_error("starve_for", "A starvation must end before the next one (starve the leader every).")
+            if data["starve_leader_every"] >= data["seconds"]:
+                self.add_error("starve_leader_every", f"Not within the {data['seconds']:g} s the election runs.")
         return data
+
+    def _lease_durations(self, raw: str, data: Mapping[str, Any]) -> str:
+        """`replica-2=0.5` checked against the replicas and client-go's rules, written back in that form."""
+        durations: dict[int, float] = {}
+        for word in raw.replace(",", " ").split():
+            found = _LEASE_DURATION.match(word) if word.isascii() else None
+            if found is None:
+                self.add_error("lease_durations", f"{word!r} is not REPLICA=SECONDS (e.g. replica-2=0.5).")
+                continue
+            number, seconds = int(found[1]), float(found[2])
+            if not 1 <= number <= data["replicas"]:
+                self.add_error(
+                    "lease_durations",
+                    f"unknown replica {word.split('=')[0]!r}: the job has replicas 1 to {data['replicas']}.",
+                )
+            elif not 0.1 <= seconds <= 3600:
+                self.add_error("lease_durations", f"{word!r}: a lease duration from 0.1 s to an hour.")
+            else:
+                durations[number] = seconds
+        return " ".join(f"{identity(n)}={s:g}" for n, s in sorted(durations.items()))
 
     def _skews(self, raw: str, replicas: int) -> str:
         """`replica-2=30 replica-3=-5` checked against the replicas, written back in that form."""
@@ -279,6 +339,27 @@ _CAPTIONS: dict[str, tuple[tuple[str, ...], str, bool]] = {
         False,
     ),
     "added": (("{who} joined the election: it backs off while the lease is held, as a new pod does.",), "joins", False),
+    "starved": (
+        (
+            "{who} is starved of CPU for {detail.seconds:s} (a throttled container, a noisy neighbour): its renewal "
+            "comes after RenewDeadline, client-go's timeout has expired, and it steps down.",
+        ),
+        "starvations",
+        True,
+    ),
+    "working_on": (
+        (
+            "{who}'s work loop runs on {detail.why}, for {detail.seconds:s}: its work is bound to the process, not "
+            "to its leadership, so it keeps writing with token {detail.token} while another replica may lead.",
+        ),
+        "works on",
+        True,
+    ),
+    "work_stopped": (
+        ("{who}'s work loop stopped at last: no more writes with token {detail.token}.",),
+        "work stops",
+        False,
+    ),
     "control_failed": (
         ("The {detail.control} of {who} could not be applied: {detail.error}",),
         "refused controls",
@@ -313,6 +394,14 @@ class LeaderElectionScenario(Scenario):
             "cut_off_for",
             "skew",
         ),
+        "Incidents from the field": (
+            "no_fencing",
+            "work_after_loss",
+            "shutdown_for",
+            "lease_durations",
+            "starve_leader_every",
+            "starve_for",
+        ),
         "More": ("release_on_cancel", "seed"),
     }
     actor_label = "replica-{n}"
@@ -321,7 +410,7 @@ class LeaderElectionScenario(Scenario):
     state_template = "scenarios/leader_election.html"
     state_title = "The Lease, and what each replica believes"
     script = "occviz/scenarios/leader_election.js"
-    list_params = ("skew",)
+    list_params = ("skew", "lease_durations")
     kinds = (
         _kind(
             "acquired", "acquired the lease", "#1a9e4b", "star", first=(_FAILOVER, *_OUTSIDE["acquired"]), writes=True
@@ -352,6 +441,9 @@ class LeaderElectionScenario(Scenario):
         _kind("skewed", "clock skewed", "#6b7280", "tick"),
         _kind("added", "joined", "#1a9e4b", "dot"),
         _kind("control_failed", "control refused", "#7a1010", "diamond"),
+        _kind("starved", "starved of CPU", "#b45309", "triangle"),
+        _kind("working_on", "works on without leading", "#c2410c", "diamond"),
+        _kind("work_stopped", "work stopped", "#4a5568", "tick"),
         ERROR,
     )
     figures = (
@@ -377,6 +469,12 @@ class LeaderElectionScenario(Scenario):
         Control(
             "skew", "skew clock", "Its wall clock runs ahead: renewTime lies, nobody trusts it.", seconds=(-3600, 3600)
         ),
+        Control(
+            "starve",
+            "starve CPU",
+            "Its renewal comes late: past RenewDeadline, it steps down.",
+            seconds=(0.1, 86_400),
+        ),
         Control("add", "add a replica", "A new replica joins the election.", per_actor=False, adds_actor=True),
     )
     compared = (
@@ -391,6 +489,8 @@ class LeaderElectionScenario(Scenario):
         ("conflicts", "conflicts"),
         ("fenced_writes_rejected", "stale writes fenced"),
         ("fenced_writes_landed", "stale writes landed"),
+        ("split_brain_s", "seconds with two leaders"),
+        ("non_leader_writes_landed", "writes landed by a non-leader"),
         ("duration_s", "duration (s)"),
     )
     presets = (
@@ -475,6 +575,89 @@ class LeaderElectionScenario(Scenario):
                 "kill_leader_at": 5,
             },
         ),
+        Preset(
+            "acting-after-loss",
+            "Incident: acting after losing the lease",
+            "The leader freezes past its lease and steps down when it wakes, but its work loop is bound to the "
+            "process, not to its leadership, and writes on for 4 s. Without fencing those writes land next to the "
+            "new leader's: split brain.",
+            {
+                "replicas": 3,
+                "lease_duration": 3,
+                "renew_deadline": 2,
+                "retry_period": 0.5,
+                "seconds": 16,
+                "pause_leader_at": 4,
+                "pause_for": 6,
+                "work_after_loss": 4,
+                "no_fencing": True,
+            },
+        ),
+        Preset(
+            "acting-after-loss-fenced",
+            "Incident: acting after losing the lease, fenced",
+            "The same leader writes on for 4 s after it stepped down, its work bound to the process. This time its "
+            "writes carry its fencing token, and the database rejects every one of them.",
+            {
+                "replicas": 3,
+                "lease_duration": 3,
+                "renew_deadline": 2,
+                "retry_period": 0.5,
+                "seconds": 16,
+                "pause_leader_at": 4,
+                "pause_for": 6,
+                "work_after_loss": 4,
+            },
+        ),
+        Preset(
+            "slow-shutdown",
+            "Incident: shutdown slower than the lease",
+            "The leader is stopped and stops renewing, but draining its work takes 6 s, longer than LeaseDuration "
+            "minus RenewDeadline. The next leader starts while the old one is still writing, and releasing at the "
+            "end comes too late.",
+            {
+                "replicas": 3,
+                "lease_duration": 3,
+                "renew_deadline": 2,
+                "retry_period": 0.5,
+                "seconds": 14,
+                "stop_leader_at": 4,
+                "shutdown_for": 6,
+                "release_on_cancel": True,
+                "no_fencing": True,
+            },
+        ),
+        Preset(
+            "mixed-lease-durations",
+            "Incident: mixed lease durations",
+            "replica-3 joins configured with a 0.5 s LeaseDuration and judges the leader's 4 s lease by its own "
+            "setting, not by the Lease's leaseDurationSeconds. It takes over between two renewals, and the old "
+            "leader writes on until its RenewDeadline: two leaders.",
+            {
+                "replicas": 3,
+                "lease_duration": 4,
+                "renew_deadline": 3,
+                "retry_period": 1,
+                "seconds": 12,
+                "lease_durations": "replica-3=0.5",
+                "no_fencing": True,
+            },
+        ),
+        Preset(
+            "cpu-starved-leader",
+            "Incident: a CPU-starved leader",
+            "Every 6 s whoever leads is starved of CPU for 5 s, so its renewal comes after RenewDeadline and it steps "
+            "down. Leadership cycles between the replicas, each transition counted.",
+            {
+                "replicas": 3,
+                "lease_duration": 3,
+                "renew_deadline": 2,
+                "retry_period": 0.5,
+                "seconds": 20,
+                "starve_leader_every": 6,
+                "starve_for": 5,
+            },
+        ),
     )
 
     def run(self, context: JobContext) -> dict[str, Any]:
@@ -489,7 +672,8 @@ class LeaderElectionScenario(Scenario):
 
     def control_seconds(self, action: str, params: Mapping[str, Any]) -> float | None:
         lease_s = float(params.get("lease_duration") or 15)
-        return {"pause": 2 * lease_s, "cut_off": lease_s, "skew": 30.0}.get(action)
+        renew_s = float(params.get("renew_deadline") or 10)
+        return {"pause": 2 * lease_s, "cut_off": lease_s, "skew": 30.0, "starve": lease_s + renew_s}.get(action)
 
     def setup(self, params: Mapping[str, Any]) -> str:
         line = (
@@ -508,6 +692,18 @@ class LeaderElectionScenario(Scenario):
         ]
         if params.get("skew"):
             timed.append(f"skew {params['skew']}")
+        timed += [
+            words.format(value=params[name])
+            for name, words in (
+                ("work_after_loss", "works {value:g} s after losing the lease"),
+                ("shutdown_for", "shutdown takes {value:g} s"),
+                ("lease_durations", "own lease durations {value}"),
+                ("starve_leader_every", "leader starved every {value:g} s"),
+            )
+            if params.get(name)
+        ]
+        if params.get("no_fencing"):
+            timed.append("no fencing")
         return line + (f"; {', '.join(timed)}" if timed else "")
 
 

@@ -1,8 +1,13 @@
 """What a leader election showed, from its recorded events and the Lease at the end, and how to say it.
 
 `summarize()` gives the headless summary (leaders, failovers and their bounds,
-validity by the database's clock, fencing) with its invariant; `sentence()` and
-`describe_failover()` hold the wording the pages and `runjob` use.
+validity by the database's clock, fencing, the damage of split brain) with its invariant;
+`sentence()` and `describe_failover()` hold the wording the pages and `runjob` use.
+
+Split brain is measured by the database's clock, which every act of a replica records
+(`detail.db_time`: its Lease writes and its guarded writes): a replica acts as leader from
+its acquisition to its last act before it acquires again, and a guarded write is a
+non-leader's when the Lease write before it, in that clock's order, named someone else.
 
 Failover bounds. A kill (or a pause, or a cut-off) at T leaves the leader's
 last renewal written at or before T. A follower restarts its observed clock only
@@ -39,7 +44,7 @@ FAILOVER_MARGIN_S: Final = 0.5
 """Added to every failover bound: statement round trips, a reconnection, threads waiting for the CPU."""
 
 # The controls that can end a leadership, as a failover names its cause.
-CAUSES: Final = {"killed": "kill", "stopped": "stop", "paused": "pause", "cut_off": "cut-off"}
+CAUSES: Final = {"killed": "kill", "stopped": "stop", "paused": "pause", "cut_off": "cut-off", "starved": "starvation"}
 _ENDS_LEADERSHIP: Final = {"lost", "released", "killed", "stopped"}
 
 _EVENT_COLUMNS = (
@@ -177,6 +182,74 @@ def max_valid_leaders(events: Sequence[Event], config: LeaderElectionConfig) -> 
     return most, who
 
 
+# What a replica does as leader, each with the database's clock at its write (detail.db_time).
+_ACTS: Final = ("acquired", "renewed", "released", "guarded_write", "fenced")
+_LEASE_WRITES: Final = ("acquired", "renewed", "released")
+
+
+def _acts(events: Sequence[Event], kinds: Sequence[str] = _ACTS) -> list[Event]:
+    """Events of `kinds` that carry the database's clock, in the order of that clock."""
+    timed = [e for e in events if e["kind"] in kinds and detail(e).get("db_time")]
+    return sorted(timed, key=_db_time)
+
+
+def acting_intervals(events: Sequence[Event]) -> dict[int, list[tuple[datetime, datetime]]]:
+    """Per replica, when it acted as leader by the database's clock.
+
+    From each acquisition to its last act (renewal, release, guarded write, fenced or not)
+    before it acquires again: a replica that keeps writing after it stepped down, or after it
+    woke from a pause, acted as leader until its last write.
+    """
+    intervals: dict[int, list[tuple[datetime, datetime]]] = {}
+    for event in _acts(events):
+        actor, at = int(event["actor"]), _db_time(event)
+        spans = intervals.setdefault(actor, [])
+        if event["kind"] == "acquired":
+            spans.append((at, at))
+        elif spans:
+            spans[-1] = (spans[-1][0], at)
+    return {actor: spans for actor, spans in intervals.items() if spans}
+
+
+def split_brain_s(events: Sequence[Event]) -> float:
+    """Seconds, by the database's clock, during which two or more replicas acted as leader at once."""
+    edges = sorted(
+        (
+            edge
+            for spans in acting_intervals(events).values()
+            for since, until in spans
+            for edge in ((since, 1), (until, -1))
+        ),
+        key=lambda edge: (edge[0], edge[1]),
+    )
+    acting, since, total = 0, None, timedelta()
+    for at, step in edges:
+        acting += step
+        if acting >= 2 and since is None:
+            since = at
+        elif acting < 2 and since is not None:
+            total += at - since
+            since = None
+    return total.total_seconds()
+
+
+def non_leader_writes(events: Sequence[Event]) -> tuple[int, int]:
+    """Guarded writes by a replica that was not the Lease's holder at that moment: (landed, fenced).
+
+    The holder at a moment is the one the last Lease write before it (by the database's clock) named.
+    """
+    holder: int | None = None
+    landed = fenced = 0
+    for event in _acts(events):
+        kind, actor = event["kind"], int(event["actor"])
+        if kind in _LEASE_WRITES:
+            holder = None if kind == "released" else actor
+        elif actor != holder:
+            landed += kind == "guarded_write"
+            fenced += kind == "fenced"
+    return landed, fenced
+
+
 def stale_writes_landed(events: Sequence[Event]) -> int:
     """Guarded writes that landed with a token older than one already written (the fencing must make it 0)."""
     landed = sorted((e for e in events if e["kind"] == "guarded_write"), key=lambda e: e["version_written"])
@@ -245,13 +318,35 @@ def failovers(events: Sequence[Event], config: LeaderElectionConfig, end_s: floa
     return result
 
 
+def measure_damage(split_s: float, landed: int, fenced: int, transitions: int, step_downs: int = 0) -> str:
+    """E.g. "two leaders for 3.2 s; 14 writes by a replica that was not leading landed; 5 lease transitions"."""
+    words = [f"two leaders for {split_s:.1f} s" if split_s else "never two replicas acting as leader at once"]
+    if landed or not fenced:
+        words.append(f"{landed} write{'s' * (landed != 1)} by a replica that was not leading landed")
+    if fenced:
+        words.append(f"{fenced} write{'s' * (fenced != 1)} by a replica that was not leading fenced")
+    if step_downs:
+        words.append(f"{step_downs} leader{'s' * (step_downs != 1)} stepped down")
+    words.append(f"{transitions} lease transition{'s' * (transitions != 1)}")
+    return "; ".join(words)
+
+
 def summarize(
-    events: Sequence[Event], lease: Lease, config: LeaderElectionConfig, *, replicas: int | None = None
+    events: Sequence[Event],
+    lease: Lease,
+    config: LeaderElectionConfig,
+    *,
+    replicas: int | None = None,
+    incident: bool = False,
+    fencing: bool = True,
 ) -> dict[str, Any]:
     """The job's headless summary: leaders, failovers, validity by the database's clock, fencing, invariant.
 
     `events` as read from `jobs_event` (or recorded in a list), `lease` the job's Lease as
     it is now. `replicas` defaults to the highest replica number seen in the events.
+    `incident`: the replicas were made to misbehave (work after losing the lease, a slow
+    shutdown, mixed lease durations, starvation), so two leaders are the damage to measure,
+    not a broken invariant; `fencing` off, stale writes landing is that damage too.
     """
     events = sorted(events, key=lambda e: (e["t_ms"], e.get("seq") or 0))
     end_s = _s(events[-1]) if events else 0.0
@@ -273,28 +368,35 @@ def summarize(
     moved = failovers(events, config, end_s)
     most, who = max_valid_leaders(events, config)
     landed_stale = stale_writes_landed(events)
+    split_s = round(split_brain_s(events), 3)
+    landed_by_non_leader, fenced_by_non_leader = non_leader_writes(events)
     # Each transition is one acquisition by a new holder; a replica that re-took a lease still
     # naming it wrote the same number again, so distinct numbers are what the Lease counted.
     transitions_seen = len({e["value_written"] for e in events if e["kind"] == "acquired"})
     transitions = lease.lease_transitions
 
     problems = []
-    if most > 1:
+    if most > 1 and not incident:
         problems.append(f"{most} valid leaders at once by the database's clock ({who})")
     for failover in moved:
-        if failover["within_bound"] is False:
+        if failover["within_bound"] is False and not incident:
             took = failover["new_leader_after_s"]
             problems.append(
                 f"the failover after {failover['leader']}'s {failover['cause']} at {failover['at_s']:.1f} s took "
                 + ("forever" if took is None else f"{took:.1f} s")
                 + f", more than its bound of {failover['bound_s']:.1f} s"
             )
-    if landed_stale:
+    if landed_stale and fencing:
         problems.append(f"{landed_stale} stale guarded writes landed despite the fencing")
     if transitions_seen != transitions:
         problems.append(f"the events show {transitions_seen} transitions, the Lease counts {transitions}")
     if problems:
         verdict = "; ".join(problems)
+    elif incident or not fencing:
+        verdict = measure_damage(
+            split_s, landed_by_non_leader, fenced_by_non_leader, transitions, counts.get("lost", 0)
+        )
+        verdict += ", as the events show" if transitions else ""
     else:
         timed = [f for f in moved if f["new_leader_after_s"] is not None]
         verdict = (
@@ -309,6 +411,8 @@ def summarize(
             + f"; {counts.get('fenced', 0)} stale writes fenced, none landed"
             + f"; {transitions} transitions, as the events show"
         )
+        if split_s:
+            verdict += f"; a stale replica acted as leader next to another for {split_s:.1f} s"
     return {
         "replicas": replicas if replicas is not None else max((int(e["actor"]) for e in events), default=0),
         "transitions": transitions,
@@ -320,6 +424,9 @@ def summarize(
         "conflicts": counts.get("conflict", 0),
         "fenced_writes_rejected": counts.get("fenced", 0),
         "fenced_writes_landed": landed_stale,
+        "split_brain_s": split_s,
+        "non_leader_writes_landed": landed_by_non_leader,
+        "non_leader_writes_fenced": fenced_by_non_leader,
         "invariant_ok": not problems,
         "invariant": verdict,
     }
@@ -361,6 +468,9 @@ SENTENCES: Final[dict[str, tuple[str, ...]]] = {
     "added": ("{who} joined the election.",),
     "control_failed": ("The {detail.control} of {who} could not be applied: {detail.error}",),
     "error": ("{who} failed: {detail.message}",),
+    "starved": ("{who} was starved of CPU: its renewal comes {detail.seconds:s} late.",),
+    "working_on": ("{who}'s work loop runs on {detail.why}, for {detail.seconds:s}, with token {detail.token}.",),
+    "work_stopped": ("{who}'s work loop stopped at last: no more writes with token {detail.token}.",),
 }
 
 _CAUSE_WORDS: Final = {
@@ -368,6 +478,7 @@ _CAUSE_WORDS: Final = {
     "stop": "was stopped",
     "pause": "was paused",
     "cut-off": "was cut off from the database",
+    "starvation": "was starved of CPU",
 }
 
 
