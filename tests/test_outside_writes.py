@@ -42,8 +42,20 @@ def _job_row(job_id: int, timeout: float = 20.0) -> Counter:
     raise AssertionError(f"job {job_id}'s writers wrote nothing within {timeout} s")
 
 
+def _until_written_past(row: Counter, timeout: float = 20.0) -> None:
+    """Wait until a writer of the job commits over the version `row` read: the first
+    compare-and-swap then meets a conflict for certain, a race made rather than hoped for
+    (on a loaded machine the job's threads can all be asleep through twenty quick increments)."""
+    deadline = time.monotonic() + timeout
+    while Counter.objects.get(pk=row.pk).resource_version == row.resource_version:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no writer of the job wrote over version {row.resource_version} within {timeout} s")
+        time.sleep(0.001)
+
+
 class OutsideIncrementer(threading.Thread):
-    """Read-modify-write increments of the job's row through store.writes, retried on conflict."""
+    """Read-modify-write increments of the job's row through store.writes, retried on conflict.
+    The first attempt waits for the job to write between its read and its compare-and-swap."""
 
     def __init__(self, job_id: int, increments: int, think_s: float, writer: writes.Writer = ALICE) -> None:
         super().__init__(name="outside-writer")
@@ -62,6 +74,8 @@ class OutsideIncrementer(threading.Thread):
                 while True:
                     row = Counter.objects.get(pk=row.pk)
                     time.sleep(self.think_s * rng.uniform(0.5, 1.5))
+                    if self.committed == self.conflicts == 0:
+                        _until_written_past(row)
                     try:
                         writes.update(row, {"value": row.value + 1}, self.writer, expected_version=row.resource_version)
                     except VersionConflict:
