@@ -275,8 +275,8 @@ class Workers:
     """`manage.py worker` processes on the database at `url`: "host-a" here, "host-b" in the namespace.
 
     Each records itself as its jobs' runner `worker:<host>:<pid>` (OCCVIZ_RUNNER_ID: both hosts share this
-    machine's hostname). Its output goes to `logs/<host>-<n>.log`. All are stopped (SIGTERM, then SIGKILL
-    after 10 s) on the way out.
+    machine's hostname); start() returns once it polls for tasks. Its output goes to `logs/<host>-<n>.log`.
+    All are stopped (SIGTERM, then SIGKILL after 10 s) on the way out.
     """
 
     def __init__(self, url: str, net: Network, logs: Path, env: dict[str, str] | None = None) -> None:
@@ -304,12 +304,12 @@ class Workers:
                 stderr=subprocess.STDOUT,
             )
         self.started.append((process, log))
-        # Until `ip` and sh have exec'd it, the pid is not yet the worker's (nor in the namespace).
-        deadline = time.monotonic() + 10
-        while "manage.py" not in " ".join(psutil.Process(process.pid).cmdline()):
+        # Back once it polls for tasks (its pid is then the worker's, `ip` and sh having exec'd it).
+        deadline = time.monotonic() + 60
+        while "Starting worker" not in log.read_text(errors="replace"):
             if process.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"{host}'s worker did not start:\n{log.read_text(errors='replace')}")
-            time.sleep(0.01)
+            time.sleep(0.05)
         return process
 
     def output(self) -> str:
