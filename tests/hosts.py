@@ -286,7 +286,7 @@ class Workers:
     def start(self, host: str) -> subprocess.Popen[bytes]:
         if host not in ("host-a", "host-b"):
             raise ValueError(f"no host {host!r}: host-a (this namespace) or host-b ({self.net.namespace})")
-        # sh's $$ is the worker's pid: sh execs it, as `ip netns exec` execs sh.
+        # sh's $$ is the worker's pid: sh execs it, as `ip netns exec` execs sh (and setpriv execs ip).
         command = [
             "sh", "-c", f'OCCVIZ_RUNNER_ID="worker:{host}:$$" exec "$@"', "sh",
             sys.executable, str(ROOT / "manage.py"), "worker",
@@ -294,6 +294,8 @@ class Workers:
         ]  # fmt: skip
         if host == "host-b":
             command = ["ip", "netns", "exec", self.net.namespace, *command]
+        if shutil.which("setpriv"):  # util-linux: killed with the test process, should that be killed outright
+            command = ["setpriv", "--pdeathsig", "KILL", "--", *command]
         log = self.logs / f"{host}-{len(self.started)}.log"
         with log.open("wb") as out:
             process = subprocess.Popen(
