@@ -168,6 +168,7 @@ class _Proxy:
         self.slow(delay_ms, jitter_ms)
         self.rng = random.Random(seed)
         self.transports: set[asyncio.WriteTransport] = set()
+        self.forwarding: set[asyncio.Task[None]] = set()
         self.server: asyncio.AbstractServer | None = None
 
     async def start(self) -> None:
@@ -192,6 +193,8 @@ class _Proxy:
 
     async def close(self) -> None:
         self.cut(None)
+        if self.forwarding:  # ended by the cut: let them finish rather than be cancelled at exit
+            await asyncio.wait(self.forwarding, timeout=1.0)
         if self.server is not None:
             self.server.close()
             await self.server.wait_closed()
@@ -217,6 +220,9 @@ class _Proxy:
             return
         transports = {client_writer.transport, upstream_writer.transport}
         self.transports |= transports
+        task = asyncio.current_task()
+        if task is not None:
+            self.forwarding.add(task)
         try:
             pumps = [
                 asyncio.create_task(self._pump(client_reader, upstream_writer)),
@@ -227,6 +233,7 @@ class _Proxy:
             for pump in pumps:
                 pump.cancel()
         finally:
+            self.forwarding.discard(task)
             self.transports -= transports
             for transport in transports:
                 transport.abort()
@@ -264,9 +271,10 @@ class _Proxy:
                     last_due = max(loop.time() + delay, last_due)
                     in_flight += 1
                     chunks.put_nowait((last_due, data))
-                # The end of the stream comes after what was read before it.
-                chunks.put_nowait(None)
-                await asyncio.wait([delivering])
+                # The end of the stream comes after what was read before it (unless cut: then at once).
+                if not writer.transport.is_closing():
+                    chunks.put_nowait(None)
+                    await asyncio.wait([delivering])
         finally:
             delivering.cancel()
             with contextlib.suppress(asyncio.CancelledError, OSError):
