@@ -297,3 +297,44 @@ def test_the_latency_control_on_a_directly_connected_job_is_recorded_as_refused(
     control.refresh_from_db()
     assert "connections are direct" in control.outcome
     assert not Event.objects.filter(job=job, kind="latency_changed").exists()
+
+
+# -- the contention curve over latency -----------------------------------------------------------------
+
+
+def test_a_sweep_over_latency_refuses_what_it_cannot_run() -> None:
+    with pytest.raises(ParamsError) as refused:
+        create_job("sweep", {"strategies": "occ", "axis": "latency", "max_latency_ms": 0})
+    assert list(refused.value.errors) == ["max_latency_ms"]
+    with pytest.raises(ParamsError) as too_long:
+        create_job("sweep", {"strategies": "occ", "axis": "latency", "seconds": 40})
+    assert "5 levels x 2 series x 40 s is 400 s, more than the 300 s" in " ".join(too_long.value.errors["seconds"])
+    assert not Job.objects.exists()
+
+
+@pytest.mark.slow
+def test_a_sweep_over_latency_measures_each_level_at_the_same_writers(signed_in: Client, alice: Any) -> None:
+    sweep = run_job(
+        create_job(
+            "sweep",
+            {"strategies": "occ", "axis": "latency", "max_writers": 2, "max_latency_ms": 20, "seconds": 1},
+            alice,
+        ).pk
+    )
+    summary = sweep.summary or {}
+    assert summary["invariant_ok"], summary["invariant"]
+    assert (summary["axis"], summary["writers"], summary["levels"]) == ("latency", 2, [0.0, 2.5, 5.0, 10.0, 20.0])
+    points = summary["points"]
+    assert [(p["strategy"], p["writers"], p["latency_ms"]) for p in points] == [
+        (name, 2, ms) for ms in (0.0, 2.5, 5.0, 10.0, 20.0) for name in ("occ", "pgbench")
+    ]
+    for point in (p for p in points if p["strategy"] == "occ"):
+        part = Job.objects.get(pk=point["job"])
+        assert part.params["latency_ms"] == f"{point['latency_ms']:g}"
+        assert part.summary["network"]["latency_ms"] == point["latency_ms"]
+    # pgbench through the proxy too: a transaction is two round trips, 80 ms at 20 ms one way (2 clients).
+    pgbench = {p["latency_ms"]: p["commits_per_s"] for p in points if p["strategy"] == "pgbench"}
+    assert pgbench[20.0] <= 2 * 1000 / 80 < 100 < pgbench[0.0], pgbench
+    page = signed_in.get(f"/jobs/{sweep.pk}/").content.decode()
+    assert '<th scope="col">latency (ms)</th>' in page and 'data-cell="occ-2-2.5ms"' in page
+    assert page.count('data-state="measured"') == 10
