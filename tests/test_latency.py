@@ -206,6 +206,10 @@ def test_jitter_needs_a_latency_and_stays_within_bounds() -> None:
     assert not Job.objects.exists()
     job = create_job("counter", {"strategy": "occ", "writers": 3, "latency_ms": "20, 3=0.5", "jitter_ms": 2})
     assert (job.params["latency_ms"], job.params["jitter_ms"]) == ("20 3=0.5", 2.0)
+    # From the API's JSON: a number, or a list of words.
+    assert create_job("counter", {"strategy": "occ", "latency_ms": 20}).params["latency_ms"] == "20"
+    listed = create_job("counter", {"strategy": "occ", "writers": 2, "latency_ms": ["5", "2=7.5"]})
+    assert listed.params["latency_ms"] == "5 2=7.5"
 
 
 def test_runjob_takes_latency_for_all_and_per_writer_and_refuses_a_bad_one(capsys: Any) -> None:

@@ -39,6 +39,15 @@ if TYPE_CHECKING:
 DEFAULT_INCREMENTS = 100
 
 
+class _LatencyField(forms.CharField):
+    """`20 2=50` in one line of text; a number, or a list of words (the API's JSON), taken as that line."""
+
+    def to_python(self, value: Any) -> str:
+        if isinstance(value, list | tuple):
+            value = " ".join(str(word) for word in value)
+        return str(super().to_python(value))
+
+
 class CounterForm(ScenarioForm):
     strategy = forms.ChoiceField(choices=[(s, s) for s in STRATEGIES])
     writers = WholeNumberField(min_value=1, initial=4)
@@ -76,7 +85,7 @@ class CounterForm(ScenarioForm):
     seed = WholeNumberField(
         required=False, min_value=0, max_value=2**32 - 1, help_text="Seed for row choice and jitter."
     )
-    latency_ms = forms.CharField(
+    latency_ms = _LatencyField(
         max_length=2000,
         required=False,
         initial="0",
