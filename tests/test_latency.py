@@ -10,6 +10,7 @@ refused wherever they come from, and the live page's control changes a running j
 from __future__ import annotations
 
 import os
+import re
 import socket
 import statistics
 import tempfile
@@ -129,7 +130,7 @@ def test_jittered_chunks_arrive_in_the_order_they_were_sent(echo_server: tuple[s
 
 
 @pytest.mark.slow
-def test_writers_20_ms_away_meet_more_conflicts_than_the_same_race_without() -> None:
+def test_writers_20_ms_away_meet_more_conflicts_than_the_same_race_without(signed_in: Client) -> None:
     # The same seed, increments and think time; k8s-default-backoff waits after a conflict, so a
     # writer's read-to-swap window is a share of its time, and the latency widens it by 40 ms.
     race = {
@@ -141,8 +142,8 @@ def test_writers_20_ms_away_meet_more_conflicts_than_the_same_race_without() -> 
         "max_attempts": 50,
         "seed": 7,
     }
-    direct = run_counter(**race).summary or {}
-    far = run_counter(**race, latency_ms="20").summary or {}
+    direct_job, far_job = run_counter(**race), run_counter(**race, latency_ms="20")
+    direct, far = direct_job.summary or {}, far_job.summary or {}
     for summary in (direct, far):
         assert summary["invariant_ok"], summary["invariant"]
         assert summary["committed"] == 40
@@ -150,6 +151,10 @@ def test_writers_20_ms_away_meet_more_conflicts_than_the_same_race_without() -> 
     assert far["network"] == {"latency_ms": 20.0, "jitter_ms": 0.0, "proxied": True}
     rate = {name: s["conflicts"] / s["attempts"] for name, s in (("direct", direct), ("far", far))}
     assert rate["far"] > rate["direct"], rate
+    # Compared side by side, the network is one of the rows.
+    compared = signed_in.get(f"/jobs/compare/?ids={direct_job.pk},{far_job.pk}").content.decode()
+    row = compared[compared.index("network latency, one way (ms)") :][:200]
+    assert re.search(r"<td[^>]*>0(\.0)?</td>\s*<td[^>]*>20(\.0)?</td>", row), row
 
 
 def test_one_writer_can_sit_further_away_than_the_others() -> None:

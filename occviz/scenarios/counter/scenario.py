@@ -352,6 +352,8 @@ class CounterRace(Scenario):
         ("writers", "writers"),
         ("rows", "rows"),
         ("think_ms", "think time (ms)"),
+        ("network.latency_ms", "network latency, one way (ms)"),
+        ("network.jitter_ms", "network jitter (ms)"),
         ("attempts", "attempts"),
         ("committed", "committed"),
         ("conflicts", "conflicts"),
