@@ -5,7 +5,8 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 # HTTPS for kubectl (python manage.py kubeconfig <user>); 0: none.
 TLS_PORT ?= 8443
-WORKERS ?= 2
+# Job worker processes; empty: OCCVIZ_WORKERS, else one per core (at least 2).
+WORKERS ?=
 # Web server processes sharing the HTTP port (a class's sockets spread over them).
 WEB_PROCESSES ?= 1
 VENV := .venv
@@ -25,7 +26,7 @@ $(VENV)/.installed: requirements.txt
 	touch $@
 
 run: $(VENV)/.installed
-	$(PY) manage.py serve --host $(HOST) --port $(PORT) --tls-port $(TLS_PORT) --workers $(WORKERS) --web-processes $(WEB_PROCESSES)
+	$(PY) manage.py serve --host $(HOST) --port $(PORT) --tls-port $(TLS_PORT) $(if $(WORKERS),--workers $(WORKERS)) --web-processes $(WEB_PROCESSES)
 
 test: $(VENV)/.installed lint typecheck
 	$(PY) manage.py makemigrations --check --dry-run

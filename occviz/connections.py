@@ -29,6 +29,7 @@ Plain Python, no Django: the settings size the pool from it before Django is set
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import PurePath
 
@@ -49,6 +50,24 @@ TOOLS = 1 + LAYER_POOL
 """A manage.py command beside the servers: its own connection and its channel layer's pool (runjob's)."""
 MIN_WEB_POOL = 4
 """Fewer, and a page that makes several queries while a few watches poll would queue for them."""
+
+
+RESERVED_FOR_TWO_WORKERS = 32
+"""OCCVIZ_RESERVED_CONNECTIONS with 2 workers; each further worker adds its own connections to the default."""
+
+
+def default_reserve(workers: int, layer_on_postgres: bool) -> int:
+    """The reserve when OCCVIZ_RESERVED_CONNECTIONS is not set: 32 for 2 workers, plus each further worker's share."""
+    per_worker = WORKER_OWN + (LAYER_POOL if layer_on_postgres else 0)
+    return RESERVED_FOR_TWO_WORKERS + max(0, workers - 2) * per_worker
+
+
+def machine_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the system says, else the machine's)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
 
 
 @dataclass(frozen=True)

@@ -102,11 +102,18 @@ class PgbenchRun:
 
 
 def run_pgbench(
-    row_id: int, clients: int, seconds: int, *, think_ms: float = 0.0, stop: threading.Event | None = None
+    row_id: int,
+    clients: int,
+    seconds: int,
+    *,
+    think_ms: float = 0.0,
+    stop: threading.Event | None = None,
+    host: str | None = None,
 ) -> PgbenchRun:
     """pgbench with `clients` clients for `seconds` on counter row `row_id`; PgbenchUnavailable if it cannot run.
 
-    `stop`, when set, ends pgbench at once (within a tenth of a second).
+    `stop`, when set, ends pgbench at once (within a tenth of a second). `host` replaces the
+    database's host (a proxy's socket folder, for a latency).
     """
     path = pgbench_path()
     with tempfile.NamedTemporaryFile("w", suffix=".sql", delete=False) as script:
@@ -119,7 +126,7 @@ def run_pgbench(
             # -M prepared: the engine's writers prepare their statements too.
             [path, "-n", "-M", "prepared", "-c", str(clients), "-j", str(threads_for(clients))]
             + ["-T", str(seconds), "-f", script.name],
-            env=pgbench_env(),
+            env={**pgbench_env(), **({"PGHOST": host} if host else {})},
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

@@ -23,7 +23,7 @@ from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 
-from occviz.connections import LAYER_POOL, WEB_LAYER_POOL, Reserve, process_kind
+from occviz.connections import LAYER_POOL, WEB_LAYER_POOL, Reserve, default_reserve, machine_cores, process_kind
 from occviz.deploy import stored_secret_key
 from occviz.env import database_from_url, envbool, envint, envlist, envpath, envstr, redis_url
 
@@ -178,11 +178,15 @@ OCCVIZ_MYSQL_URLS = envlist("OCCVIZ_MYSQL_URLS", ["mysql://root@127.0.0.1:3306/"
 # (OCCVIZ_DB_CONNECTIONS, 0: what it lets this role open) less a reserve for the web server and workers,
 # and one person has at most OCCVIZ_MAX_JOBS_PER_USER of them.
 OCCVIZ_DB_CONNECTIONS = envint("OCCVIZ_DB_CONNECTIONS", 0, minimum=0, maximum=100_000)
-OCCVIZ_RESERVED_CONNECTIONS = envint("OCCVIZ_RESERVED_CONNECTIONS", 32, minimum=0, maximum=10_000)
+# Job worker processes serve starts: one per core (at least 2, at most 32) unless set.
+OCCVIZ_WORKERS = envint("OCCVIZ_WORKERS", min(32, max(2, machine_cores())), maximum=32)
+# Unless set: 32 with 2 workers, and each further worker's connections on top.
+OCCVIZ_RESERVED_CONNECTIONS = envint(
+    "OCCVIZ_RESERVED_CONNECTIONS", default_reserve(OCCVIZ_WORKERS, not REDIS_URL), minimum=0, maximum=10_000
+)
 OCCVIZ_MAX_JOBS_PER_USER = envint("OCCVIZ_MAX_JOBS_PER_USER", 4, maximum=1_000)
 # Finished jobs' events are deleted this many days after they end (manage.py prune, serve daily); 0 keeps them.
 OCCVIZ_KEEP_DAYS = envint("OCCVIZ_KEEP_DAYS", 30, minimum=0, maximum=36_500)
-OCCVIZ_WORKERS = envint("OCCVIZ_WORKERS", 2, maximum=32)
 # Web server (Daphne) processes accepting from serve's one listening socket: a class's sockets spread over them.
 OCCVIZ_WEB_PROCESSES = envint("OCCVIZ_WEB_PROCESSES", 1, maximum=8)
 # What the reserve covers, each part bounded (occviz/connections.py); the web servers' pools share the rest.

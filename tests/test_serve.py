@@ -27,6 +27,7 @@ from typing import Any
 import psutil
 import pytest
 
+from occviz.connections import machine_cores
 from occviz.management.commands.serve import ensure_demo_data
 from occviz.store.kinds import KINDS
 from occviz.supervisor import AlreadyServing, ServeAddress, ServeLock, Supervisor
@@ -49,11 +50,12 @@ def wait_until[T](probe: Callable[[], T], timeout: float, what: str, every: floa
 class Served:
     """A `manage.py serve` child process: its output as it comes, its sign-in, its children."""
 
-    def __init__(self, env: dict[str, str], *, workers: int = 2, args: tuple[str, ...] = ()) -> None:
+    def __init__(self, env: dict[str, str], *, workers: int | None = 2, args: tuple[str, ...] = ()) -> None:
         self.port, self.tls_port = free_port(), free_port()
         self.url, self.tls_url = f"http://127.0.0.1:{self.port}", f"https://127.0.0.1:{self.tls_port}"
         self.process = subprocess.Popen(
-            [sys.executable, str(ROOT / "manage.py"), "serve", "--port", str(self.port), "--workers", str(workers)]
+            [sys.executable, str(ROOT / "manage.py"), "serve", "--port", str(self.port)]
+            + (["--workers", str(workers)] if workers is not None else [])
             + ["--tls-port", str(self.tls_port), *args],
             cwd=ROOT,
             env={**env, "PYTHONUNBUFFERED": "1"},
@@ -255,14 +257,19 @@ def test_serve_runs_the_app_and_its_workers_and_stops_on_ctrl_c(
 ) -> None:
     from django.contrib.auth import authenticate
 
-    served = start_serve(serve_environment(database_url, tmp_path), workers=2)
+    # No --workers, no OCCVIZ_WORKERS: one worker a core, at least 2.
+    environment = serve_environment(database_url, tmp_path)
+    environment.pop("OCCVIZ_WORKERS", None)
+    served = start_serve(environment, workers=None)
     assert authenticate(username="demo", password=served.password) is not None
     children = served.children()
     commands = sorted(" ".join(child.cmdline()[1:3]) for child in children)
-    assert commands == ["-m daphne", f"{ROOT / 'manage.py'} worker", f"{ROOT / 'manage.py'} worker"]
+    workers = max(2, machine_cores())
+    assert commands == ["-m daphne", *[f"{ROOT / 'manage.py'} worker"] * workers]
     output = served.stop(signal.SIGINT)
     assert served.process.returncode == 0, output
-    assert "restarts: worker w1 0, worker w2 0, web server 0" in output
+    restarts = ", ".join(f"worker w{n} 0" for n in range(1, workers + 1))
+    assert f"restarts: {restarts}, web server 0" in output
     assert output.rstrip().endswith("occviz stopped.")
     assert all(gone(child.pid) for child in children)
 
@@ -416,3 +423,30 @@ def test_serve_refuses_a_bad_number_of_web_processes(
     refused = manage("serve", *args, env=serve_environment(database_url, tmp_path))
     assert refused.returncode == 2, refused.stderr
     assert error in refused.stderr
+
+
+def _workers_and_reserve(cores: int, **env: str) -> tuple[int, int]:
+    """The settings' OCCVIZ_WORKERS and OCCVIZ_RESERVED_CONNECTIONS in a new process seeing `cores` cores."""
+    code = (
+        f"import os; os.sched_getaffinity = lambda pid: set(range({cores})); import django; django.setup(); "
+        "from django.conf import settings; print(settings.OCCVIZ_WORKERS, settings.OCCVIZ_RESERVED_CONNECTIONS)"
+    )
+    environment = {k: v for k, v in os.environ.items() if k not in ("OCCVIZ_WORKERS", "OCCVIZ_RESERVED_CONNECTIONS")}
+    environment.update(DJANGO_SETTINGS_MODULE="occviz.settings", REDIS_URL="", **env)
+    printed = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=environment, capture_output=True, text=True, timeout=60
+    )
+    assert printed.returncode == 0, printed.stderr
+    workers, reserve = printed.stdout.split()
+    return int(workers), int(reserve)
+
+
+def test_serve_starts_a_worker_a_core_at_least_two_and_the_reserve_grows_with_them() -> None:
+    # Each worker beyond 2 holds 3 connections more (its own, its channel layer's pool of 2).
+    assert _workers_and_reserve(1) == (2, 32)
+    assert _workers_and_reserve(2) == (2, 32)
+    assert _workers_and_reserve(8) == (8, 32 + 6 * 3)
+    assert _workers_and_reserve(64) == (32, 32 + 30 * 3)
+    # WORKERS= (OCCVIZ_WORKERS) still chooses, and a reserve that is set stays as set.
+    assert _workers_and_reserve(8, OCCVIZ_WORKERS="3") == (3, 35)
+    assert _workers_and_reserve(8, OCCVIZ_RESERVED_CONNECTIONS="40") == (8, 40)

@@ -89,9 +89,12 @@ class ActorContext:
 
 
 @contextmanager
-def connected[W: ActorContext](writer: W) -> Iterator[W]:
-    """The writer with its own session, opened before the barrier so connecting is not part of the race."""
-    writer.cursor = PreparedSession()
+def connected[W: ActorContext](writer: W, **overrides: Any) -> Iterator[W]:
+    """The writer with its own session, opened before the barrier so connecting is not part of the race.
+
+    `overrides` change its connection parameters (a proxy's socket folder: occviz.concurrency.latency).
+    """
+    writer.cursor = PreparedSession(**overrides)
     try:
         yield writer
     finally:

@@ -228,6 +228,8 @@ class Control:
     """The control starts a new actor (its row appears once the control is applied)."""
     seconds: tuple[float, float] | None = None
     """The control lasts a number of seconds, within this range (a clock skew may be negative)."""
+    unit: str = "s"
+    """"ms": the page asks for its value in milliseconds (a latency), and the program still gets seconds."""
 
 
 class Scenario:

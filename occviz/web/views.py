@@ -195,6 +195,7 @@ def _job_context(request: HttpRequest, job: Job, control_note: str = "") -> dict
         "actor_rows": _actor_rows(spec, job) if spec and spec.controls and not job.is_finished else [],
         # each control with the seconds its button applies (a pause twice the lease, say)
         "offered_controls": [(c, spec.control_seconds(c.action, job.params)) for c in spec.controls] if spec else [],
+        "per_actor_controls": any(c.per_actor for c in spec.controls) if spec else False,
         "control_note": control_note,
         "job": job,
         "spec": spec,
@@ -272,6 +273,8 @@ def job_control(request: HtmxHttpRequest, job_id: int) -> HttpResponse:
         return HttpResponse(str(refused), status=409, content_type="text/plain; charset=utf-8")
     target = f" {spec.actor_name(actor)}" if spec and actor is not None else ""
     note = f"Sent: {action}{target}{f' for {seconds:g} s' if seconds else ''}."
+    if spec and seconds is not None and (control := spec.control(action)) and control.unit == "ms":
+        note = f"Sent: {action}{target} {seconds * 1000:g} ms."
     if request.htmx:
         return render(request, "web/job_detail.html#actor-controls", _job_context(request, job, note), status=202)
     return redirect(_back_to_the_job(request, job))
@@ -303,6 +306,12 @@ def _control_request(request: HttpRequest, job: Job, spec: Scenario | None) -> t
     if control.seconds is None:
         return action, actor, None
     low, high = control.seconds
+    if control.unit == "ms":  # a value in ms (a latency), handed on in seconds
+        raw_ms = request.POST.get("ms", "")
+        ms = _seconds(raw_ms)
+        if ms is None or not low * 1000 <= ms <= high * 1000:
+            raise ValueError(f"ms={raw_ms!r}: give a number of milliseconds from {low * 1000:g} to {high * 1000:g}")
+        return action, actor, ms / 1000.0
     raw_seconds = request.POST.get("seconds", "")
     seconds = spec.control_seconds(action, job.params) if raw_seconds == "" else _seconds(raw_seconds)
     if seconds is None or not low <= seconds <= high:

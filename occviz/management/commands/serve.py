@@ -33,7 +33,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, InterfaceError, connections
 
 from occviz import embedded
-from occviz.connections import Reserve
+from occviz.connections import Reserve, default_reserve
 from occviz.deploy import public_bind_problems
 from occviz.jobs.models import Job
 from occviz.jobs.reaper import start_reaper
@@ -131,7 +131,12 @@ class Command(BaseCommand):
             default=settings.OCCVIZ_TLS_PORT,
             help=f"also serve HTTPS here, as kubectl needs (default {settings.OCCVIZ_TLS_PORT}; 0: no HTTPS)",
         )
-        parser.add_argument("--workers", type=int, default=settings.OCCVIZ_WORKERS, help="job worker processes")
+        parser.add_argument(
+            "--workers",
+            type=int,
+            default=settings.OCCVIZ_WORKERS,
+            help=f"job worker processes (default {settings.OCCVIZ_WORKERS}: OCCVIZ_WORKERS, else one a core, >= 2)",
+        )
         parser.add_argument(
             "--web-processes",
             type=int,
@@ -159,7 +164,10 @@ class Command(BaseCommand):
                 returncode=2,
             )
         reserve = Reserve(
-            settings.OCCVIZ_RESERVED_CONNECTIONS,
+            # Unless set, the reserve grows with the workers (the children read it from OCCVIZ_WORKERS too).
+            settings.OCCVIZ_RESERVED_CONNECTIONS
+            if "OCCVIZ_RESERVED_CONNECTIONS" in os.environ
+            else default_reserve(workers, not settings.REDIS_URL),
             workers,
             layer_on_postgres=not settings.REDIS_URL,
             web_processes=web_processes,

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from django.conf import settings
 from django.db import transaction
 
+from occviz.concurrency.latency import Network
 from occviz.concurrency.retry import make_policy
 from occviz.concurrency.writer import connected
 from occviz.scenarios.base import State
@@ -79,20 +80,26 @@ def run(context: JobContext) -> dict[str, Any]:
                 isolation=params["isolation"],
                 names=conflict_details,
             )
-            with connected(writer):
+            with connected(writer, **network.connection(number)):
                 ready()
                 writer.deadline = time.perf_counter() + limit_s
                 increment_until_done(writer, rows, increment, params["increments"], context.request_stop)
 
         return act
 
+    # Each writer's road to the server: direct, or through the job's proxy a latency away (changeable live).
+    network = Network(params.get("latency_ms") or "0", params.get("jitter_ms") or 0.0, seed=seed)
+    context.on_control(lambda action, actor, seconds: set_latency(context, network, action, seconds))
     lanes, own_rows = iter(range(params["writers"] + 1, 2**31)), set(rows)
     with _outside_lock:
         _outside[job.pk] = OutsideTally()
     context.on_outside_write(
         lambda payload: record_outside_write(context, own_rows, payload), next_actor=lanes.__next__
     )
-    context.run_actors([writer_actor(n) for n in range(1, params["writers"] + 1)], time_limit_s=limit_s)
+    try:
+        context.run_actors([writer_actor(n) for n in range(1, params["writers"] + 1)], time_limit_s=limit_s)
+    finally:
+        network.close()
     with transaction.atomic():
         # The rows locked while they are read: every outside write that landed before is
         # then recorded, and none lands after, so the rows and the events tell one story.
@@ -104,7 +111,16 @@ def run(context: JobContext) -> dict[str, Any]:
     finally:
         with _outside_lock:
             _outside.pop(job.pk, None)
-    return summarize(params, figures, rows, context.elapsed_s, seed, tally, tally_outside(job.pk))
+    summary = summarize(params, figures, rows, context.elapsed_s, seed, tally, tally_outside(job.pk))
+    return {**summary, "network": network.describe()}
+
+
+def set_latency(context: JobContext, network: Network, action: str, seconds: float | None) -> None:
+    """The live page's latency control: every writer's one-way delay from now on (`seconds`, in s)."""
+    if action != "latency" or seconds is None:
+        raise ValueError(f"unknown control {action!r}")
+    network.set_latency(round(seconds * 1000.0, 3))
+    context.recorder.record(0, 0, 0, "latency_changed", detail={"latency_ms": network.everyone})
 
 
 def record_outside_write(context: JobContext, rows: set[int], payload: Mapping[str, Any]) -> None:

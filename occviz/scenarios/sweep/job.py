@@ -16,12 +16,21 @@ import threading
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from occviz.concurrency.latency import Network
 from occviz.jobs.children import run_child
 from occviz.jobs.models import Event, Job
 from occviz.jobs.snapshots import snapshot_or_empty
 from occviz.pgbench import PgbenchUnavailable, run_pgbench
 from occviz.scenarios.base import State
-from occviz.scenarios.sweep.plan import PGBENCH, levels_of, series_of, series_style
+from occviz.scenarios.sweep.plan import (
+    PGBENCH,
+    axis_of,
+    level_key,
+    levels_of,
+    over_latency,
+    series_of,
+    series_style,
+)
 from occviz.store.models import Counter
 
 if TYPE_CHECKING:
@@ -47,6 +56,13 @@ def _writers(count: int) -> str:
     return f"{count} writer{'s' * (count != 1)}"
 
 
+def _at(point: Mapping[str, Any]) -> str:
+    """Where a point is: "4 writers", or "4 writers 20 ms away" on the latency axis."""
+    if point.get("latency_ms") is None:
+        return _writers(int(point["writers"]))
+    return f"{_writers(int(point['writers']))} {float(point['latency_ms']):g} ms away"
+
+
 def _rate(amount: float, seconds: float) -> float:
     return round(amount / seconds, 1) if seconds > 0 else 0.0
 
@@ -55,20 +71,21 @@ def _share(part: int, whole: int) -> float:
     return round(part / whole, 3) if whole else 0.0
 
 
-def measure_counter(context: JobContext, strategy: str, writers: int) -> dict[str, Any]:
-    """A counter race of `writers` writers with `strategy`, as a part of the sweep; its point."""
+def measure_counter(
+    context: JobContext, strategy: str, writers: int, latency_ms: float | None = None
+) -> dict[str, Any]:
+    """A counter race of `writers` writers with `strategy` (each `latency_ms` away), a part of the sweep; its point."""
     params = context.params
-    child = run_child(
-        context,
-        "counter",
-        {
-            "strategy": strategy,
-            "writers": writers,
-            "seconds": params["seconds"],
-            "think_ms": params["think_ms"],
-            "retry": params["retry"],
-        },
-    )
+    race = {
+        "strategy": strategy,
+        "writers": writers,
+        "seconds": params["seconds"],
+        "think_ms": params["think_ms"],
+        "retry": params["retry"],
+    }
+    if latency_ms is not None:
+        race["latency_ms"] = f"{latency_ms:g}"
+    child = run_child(context, "counter", race)
     summary = child.summary or {}
     if child.status == Job.Status.CANCELLED or summary.get("stopped_by") not in (None, "time limit"):
         raise Stopped(f"job {child.pk} {child.status}")
@@ -80,6 +97,7 @@ def measure_counter(context: JobContext, strategy: str, writers: int) -> dict[st
     return {
         "strategy": strategy,
         "writers": writers,
+        **({} if latency_ms is None else {"latency_ms": latency_ms}),
         "commits_per_s": summary["commits_per_s"],
         "conflicts_per_s": _rate(attempts - committed, elapsed_s),
         "conflict_rate": _share(attempts - committed, attempts),
@@ -90,11 +108,19 @@ def measure_counter(context: JobContext, strategy: str, writers: int) -> dict[st
     }
 
 
-def measure_pgbench(context: JobContext, row: int, clients: int) -> dict[str, Any]:
-    """pgbench with `clients` clients on the sweep's row; its point."""
+def measure_pgbench(context: JobContext, row: int, clients: int, latency_ms: float | None = None) -> dict[str, Any]:
+    """pgbench with `clients` clients on the sweep's row (through a proxy `latency_ms` away); its point."""
     params = context.params
     try:
-        run = run_pgbench(row, clients, params["seconds"], think_ms=params["think_ms"] or 0.0, stop=context.stop)
+        with Network(f"{latency_ms or 0:g}") as network:
+            run = run_pgbench(
+                row,
+                clients,
+                params["seconds"],
+                think_ms=params["think_ms"] or 0.0,
+                stop=context.stop,
+                host=network.connection(1).get("host"),
+            )
     except PgbenchUnavailable as error:
         raise Missing(str(error)) from None
     if run.stopped:
@@ -102,6 +128,7 @@ def measure_pgbench(context: JobContext, row: int, clients: int) -> dict[str, An
     return {
         "strategy": PGBENCH,
         "writers": clients,
+        **({} if latency_ms is None else {"latency_ms": latency_ms}),
         "commits_per_s": _rate(run.committed, run.seconds),
         "conflicts_per_s": _rate(run.conflicts, run.seconds),
         "conflict_rate": _share(run.conflicts, run.transactions),
@@ -113,7 +140,7 @@ def measure_pgbench(context: JobContext, row: int, clients: int) -> dict[str, An
 def run(context: JobContext) -> dict[str, Any]:
     job, params = context.job, context.params
     series = series_of(params)
-    plan = [(writers, name) for writers in levels_of(params) for name in series]
+    plan = [(level, name) for level in levels_of(params) for name in series]
     row = None
     if PGBENCH in series:
         row = Counter.objects.create(namespace=f"job-{job.pk}", name=PGBENCH, job=job).pk
@@ -130,18 +157,23 @@ def run(context: JobContext) -> dict[str, Any]:
     with _recorded_lock:
         _recorded[job.pk] = []
     try:
-        for op, (writers, name) in enumerate(plan, start=1):
+        for op, (level, name) in enumerate(plan, start=1):
             if context.stop.is_set():
                 break
             lane = series.index(name) + 1
-            where = {"strategy": name, "writers": writers, "seconds": params["seconds"]}
+            # On the latency axis the writers stay at max_writers and the level is each one's latency.
+            latency_ms = float(level) if over_latency(params) else None
+            writers = int(params["max_writers"]) if over_latency(params) else int(level)
+            where: dict[str, Any] = {"strategy": name, "writers": writers, "seconds": params["seconds"]}
+            if latency_ms is not None:
+                where["latency_ms"] = latency_ms
             note(lane, op, "point_started", where)
             try:
                 if name == PGBENCH:
                     assert row is not None
-                    point = measure_pgbench(context, row, writers)
+                    point = measure_pgbench(context, row, writers, latency_ms)
                 else:
-                    point = measure_counter(context, name, writers)
+                    point = measure_counter(context, name, writers, latency_ms)
             except Stopped:
                 stopped = {**where, "reason": context.stop_reason or "stopped"}
                 note(lane, op, "point_stopped", stopped)
@@ -159,6 +191,7 @@ def run(context: JobContext) -> dict[str, Any]:
     ok, verdict = _verdict(points, missing, stopped, len(plan))
     return {
         "series": series,
+        **({"axis": "latency", "writers": params["max_writers"]} if over_latency(params) else {}),
         "levels": levels_of(params),
         "points": points,
         "missing": missing,
@@ -182,17 +215,17 @@ def _verdict(
     said = []
     if stopped is not None:
         said.append(
-            f"stopped ({stopped['reason']}) at {stopped['strategy']} with {_writers(stopped['writers'])}: "
+            f"stopped ({stopped['reason']}) at {stopped['strategy']} with {_at(stopped)}: "
             f"{len(points)} of {planned} points measured"
         )
     else:
         said.append(f"{len(points)} of {planned} points measured")
     for point in missing:
-        said.append(f"{point['strategy']} at {_writers(point['writers'])} missing: {point['reason']}")
+        said.append(f"{point['strategy']} at {_at(point)} missing: {point['reason']}")
     if broken:
         said.append(
             "invariant broken in "
-            + ", ".join(f"job {point['job']} ({point['strategy']}, {_writers(point['writers'])})" for point in broken)
+            + ", ".join(f"job {point['job']} ({point['strategy']}, {_at(point)})" for point in broken)
         )
     elif any("job" in point for point in points):
         said.append("every counter race's invariant holds")
@@ -202,31 +235,33 @@ def _verdict(
 def curve(params: Mapping[str, Any], events: Iterable[tuple[str, Mapping[str, Any]]]) -> State:
     """The sweep as its events tell it: each point's cell by level and series, the one measuring now, the peak."""
     series = series_of(params)
-    cells: dict[tuple[str, int], dict[str, Any]] = {}
+    key = level_key(params)
+    latency = over_latency(params)
+
+    def level_of(detail: Mapping[str, Any]) -> float:
+        return float(detail[key]) if latency else int(detail[key])
+
+    cells: dict[tuple[str, float], dict[str, Any]] = {}
     points: list[dict[str, Any]] = []
     running: dict[str, Any] | None = None
     states = {"point_started": "running", "point": "measured", "point_missing": "missing", "point_stopped": "stopped"}
     for kind, detail in events:
         cell = {**detail, "state": states[kind]}
-        cells[str(detail["strategy"]), int(detail["writers"])] = cell
+        cells[str(detail["strategy"]), level_of(detail)] = cell
         running = cell if kind == "point_started" else None
         if kind == "point":
             points.append(dict(detail))
-    rows = [
-        {
-            "writers": writers,
-            "cells": [
-                cells.get((name, writers), {"strategy": name, "writers": writers, "state": "planned"})
-                for name in series
-            ],
-        }
-        for writers in levels_of(params)
-    ]
+    rows = []
+    for level in levels_of(params):
+        at = {"writers": int(params["max_writers"]), "latency_ms": level} if latency else {"writers": level}
+        planned = [cells.get((name, level), {"strategy": name, **at, "state": "planned"}) for name in series]
+        rows.append({**at, "level": level, "cells": planned})
     peak = max(points, key=lambda point: float(point["commits_per_s"]), default=None)
     return State(
         {
             "series": [series_style(name) for name in series],
             "levels": levels_of(params),
+            "axis": axis_of(params),
             "points": points,
             "rows": rows,
             "running": running,
@@ -234,7 +269,7 @@ def curve(params: Mapping[str, Any], events: Iterable[tuple[str, Mapping[str, An
         },
         {
             "peak_commits_per_s": None if peak is None else round(float(peak["commits_per_s"])),
-            "peak_at": None if peak is None else f"{peak['strategy']}, {_writers(int(peak['writers']))}",
+            "peak_at": None if peak is None else f"{peak['strategy']}, {_at(peak)}",
         },
     )
 

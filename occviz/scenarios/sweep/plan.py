@@ -48,8 +48,42 @@ def series_of(params: Mapping[str, Any]) -> list[str]:
     return [*strategies_of(params), *([PGBENCH] if params.get("pgbench", "on") != "off" else [])]
 
 
-def levels_of(params: Mapping[str, Any]) -> list[int]:
+LATENCY = "latency"
+"""The axis that holds the writers fixed and moves their one-way network latency (`axis`)."""
+
+
+def latency_levels(max_latency_ms: float) -> list[float]:
+    """0 (a direct connection), then an eighth, a quarter, a half and the whole of `max_latency_ms`."""
+    return [0.0, *(round(max_latency_ms / 2**k, 3) for k in (3, 2, 1, 0))]
+
+
+def over_latency(params: Mapping[str, Any]) -> bool:
+    return params.get("axis") == LATENCY
+
+
+def levels_of(params: Mapping[str, Any]) -> list[Any]:
+    """The x-axis's levels: writers (1, 2, 4, ...), or latencies in ms at max_writers writers."""
+    if over_latency(params):
+        return latency_levels(float(params.get("max_latency_ms") or 0.0))
     return levels(int(params.get("max_writers") or 1))
+
+
+def level_key(params: Mapping[str, Any]) -> str:
+    """The key of a point (and of a row of the table) that places it on the x-axis."""
+    return "latency_ms" if over_latency(params) else "writers"
+
+
+def axis_of(params: Mapping[str, Any]) -> dict[str, Any]:
+    """How the curve's x-axis is drawn: the points' key, its words, and whether on a log2 scale."""
+    if over_latency(params):
+        writers = int(params.get("max_writers") or 1)
+        return {
+            "key": "latency_ms",
+            "label": f"one-way latency (ms), {writers} writer{'s' * (writers != 1)} (pgbench: clients)",
+            "heading": "latency (ms)",
+            "log": False,
+        }
+    return {"key": "writers", "label": "writers (pgbench: clients), log scale", "heading": "writers", "log": True}
 
 
 def series_style(name: str) -> dict[str, Any]:

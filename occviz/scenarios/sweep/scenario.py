@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from django import forms
 from django.conf import settings
 
+from occviz.concurrency.latency import MAX_LATENCY_MS
 from occviz.concurrency.retry import PRESETS
 from occviz.jobs.tasks import RUNNER_CONNECTIONS
 from occviz.pgbench import PgbenchUnavailable, pgbench_path
@@ -32,7 +33,7 @@ from occviz.scenarios.base import (
 )
 from occviz.scenarios.counter.actors import STRATEGIES
 from occviz.scenarios.sweep import job
-from occviz.scenarios.sweep.plan import DEFAULT_STRATEGIES, levels, levels_of, series_of
+from occviz.scenarios.sweep.plan import DEFAULT_STRATEGIES, LATENCY, levels_of, over_latency, series_of
 
 if TYPE_CHECKING:
     from occviz.jobs.context import JobContext
@@ -61,7 +62,22 @@ class SweepForm(ScenarioForm):
         max_value=MAX_WRITERS,
         initial=16,
         label="Up to writers",
-        help_text="The levels are 1, 2, 4, ... writers up to this (1 to 64).",
+        help_text="The levels are 1, 2, 4, ... writers up to this (1 to 64); over latency, every point's writers.",
+    )
+    axis = forms.ChoiceField(
+        choices=[("writers", "writers: 1, 2, 4, ... up to writers"), (LATENCY, "latency: 0 ms up to the latency")],
+        required=False,
+        initial="writers",
+        label="x-axis",
+        help_text="What moves from point to point: the number of writers, or their one-way network latency.",
+    )
+    max_latency_ms = DecimalNumberField(
+        min_value=0.1,
+        max_value=MAX_LATENCY_MS,
+        required=False,
+        initial=40.0,
+        label="Up to latency (ms)",
+        help_text="Over latency, the levels are 0 ms (direct), then an eighth, a quarter, a half and all of this.",
     )
     seconds = WholeNumberField(
         min_value=1,
@@ -115,7 +131,7 @@ class SweepForm(ScenarioForm):
                 pgbench_path()
             except PgbenchUnavailable as missing:
                 self.add_error("pgbench", f"{missing} Or turn pgbench off.")
-        count, series = len(levels(data["max_writers"])), len(series_of(data))
+        count, series = len(levels_of(data)), len(series_of(data))
         total = count * series * data["seconds"]
         if total > settings.OCCVIZ_MAX_SECONDS:
             self.add_error(
@@ -136,11 +152,11 @@ class Sweep(Scenario):
     )
     form_class = SweepForm
     sections = {
-        "The curve": ("strategies", "max_writers", "seconds"),
+        "The curve": ("strategies", "axis", "max_writers", "max_latency_ms", "seconds"),
         "Each point": ("think_ms", "retry", "pgbench"),
     }
     actor_label = "series {n}"
-    state_keys = ("series", "levels", "points", "rows", "running")
+    state_keys = ("series", "levels", "axis", "points", "rows", "running")
     state_template = "scenarios/sweep.html"
     state_title = "The contention curve"
     script = "occviz/scenarios/sweep.js"
@@ -149,7 +165,11 @@ class Sweep(Scenario):
         EventKind(
             "point_started",
             "point started",
-            ("{detail.strategy} at {detail.writers} writers: measuring for {detail.seconds} s",),
+            (
+                "{detail.strategy} at {detail.writers} writers {detail.latency_ms} ms away: measuring for "
+                "{detail.seconds} s",
+                "{detail.strategy} at {detail.writers} writers: measuring for {detail.seconds} s",
+            ),
             "#8a94a6",
             "tick",
         ),
@@ -157,12 +177,17 @@ class Sweep(Scenario):
             "point",
             "point measured",
             (
+                "{detail.strategy} at {detail.writers} writers {detail.latency_ms} ms away: {detail.commits_per_s} "
+                "commits/s, {detail.conflicts_per_s} conflicts/s (conflict rate {detail.conflict_rate})",
                 "{detail.strategy} at {detail.writers} writers: {detail.commits_per_s} commits/s, "
                 "{detail.conflicts_per_s} conflicts/s (conflict rate {detail.conflict_rate})",
             ),
             "#1a9e4b",
             "dot",
             captions=(
+                "{detail.strategy} with {detail.writers} writers {detail.latency_ms} ms from the database: "
+                "{detail.commits_per_s} commits a second, {detail.conflicts_per_s} attempts a second refused "
+                "(conflict rate {detail.conflict_rate}).",
                 "{detail.strategy} with {detail.writers} writers: {detail.commits_per_s} commits a second, "
                 "{detail.conflicts_per_s} attempts a second refused (conflict rate {detail.conflict_rate}).",
             ),
@@ -171,7 +196,11 @@ class Sweep(Scenario):
         EventKind(
             "point_missing",
             "point missing",
-            ("{detail.strategy} at {detail.writers} writers not measured: {detail.reason}",),
+            (
+                "{detail.strategy} at {detail.writers} writers {detail.latency_ms} ms away not measured: "
+                "{detail.reason}",
+                "{detail.strategy} at {detail.writers} writers not measured: {detail.reason}",
+            ),
             "#7a1010",
             "cross",
             captions=("{detail.strategy} at {detail.writers} writers could not be measured: {detail.reason}",),
@@ -235,6 +264,8 @@ class Sweep(Scenario):
 
     def connections(self, params: Mapping[str, Any]) -> int:
         # Its largest part: a counter race (or pgbench) at the top level, with that part's own runner.
+        if over_latency(params):
+            return int(params["max_writers"]) + RUNNER_CONNECTIONS
         return max(levels_of(params)) + RUNNER_CONNECTIONS
 
     def actor_names(self, params: Mapping[str, Any]) -> list[str]:
@@ -252,6 +283,15 @@ class Sweep(Scenario):
 
     def setup(self, params: Mapping[str, Any]) -> str:
         levels_run = levels_of(params)
+        if over_latency(params):
+            writers = int(params.get("max_writers") or 1)
+            line = (
+                f"{', '.join(series_of(params))} at {writers} writer{'s' * (writers != 1)}, "
+                f"{', '.join(f'{ms:g}' for ms in levels_run)} ms away, {params.get('seconds')} s a point"
+            )
+            if params.get("think_ms"):
+                line += f", think {params['think_ms']:g} ms"
+            return line
         line = (
             f"{', '.join(series_of(params))} at {', '.join(map(str, levels_run))} writer{'s' * (levels_run != [1])}, "
             f"{params.get('seconds')} s a point"

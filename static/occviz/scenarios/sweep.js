@@ -1,5 +1,5 @@
 /* The sweep's contention curve: committed per second (above) and conflict rate (below) against
-   writers on a log2 scale, one line per series. Drawn from the curve the state fragment carries
+   writers on a log2 scale (or, on the latency axis, the writers' one-way latency), one line per series. Drawn from the curve the state fragment carries
    (json_script "sweep-curve"), so the live page, replay and every viewer draw the same; redrawn
    whenever the page swaps that fragment in. A point is a link to its job, as in the table. */
 "use strict";
@@ -7,11 +7,17 @@
 (function () {
   const HEIGHT = 340;
   const HIT_PX = 9;
+  const WRITERS = { key: "writers", label: "writers (pgbench: clients), log scale", log: true };
 
   /** The curve as of the state shown; before the job's first snapshot (a replay's start), an empty one. */
   function curve() {
     const el = document.getElementById("sweep-curve");
-    return el ? { series: [], levels: [], points: [], running: null, ...JSON.parse(el.textContent) } : null;
+    return el ? { series: [], levels: [], points: [], running: null, axis: WRITERS, ...JSON.parse(el.textContent) } : null;
+  }
+
+  /** A point's place on the x-axis: its writers, or its latency in ms. */
+  function at(data, point) {
+    return Number(point[(data.axis || WRITERS).key]);
   }
 
   function shownCanvas() {
@@ -32,7 +38,8 @@
   /** Where everything goes, for a canvas `width` wide: shared by drawing and by finding the point under the pointer. */
   function layout(data, width, px) {
     const levels = data.levels.length ? data.levels : [1];
-    const maxLevel = Math.max(...levels, 2);
+    const log = (data.axis || WRITERS).log;
+    const maxLevel = Math.max(...levels, log ? 2 : 1);
     const left = Math.round(px * 5.2);
     const right = width - Math.round(px * 1.5);
     const gap = Math.round(px * 3.2);
@@ -43,7 +50,8 @@
     const top2 = bottom1 + gap;
     const step = niceStep((Math.max(1, ...data.points.map((p) => p.commits_per_s)) * 1.05) / 4);
     const maxCommits = step * Math.ceil((Math.max(1, ...data.points.map((p) => p.commits_per_s)) * 1.05) / step);
-    const x = (writers) => left + (Math.log2(writers) / Math.log2(maxLevel)) * (right - left);
+    const share = log ? (level) => Math.log2(level) / Math.log2(maxLevel) : (level) => level / maxLevel;
+    const x = (level) => left + share(level) * (right - left);
     return {
       levels,
       left,
@@ -79,7 +87,7 @@
     // The level measured now: a light band, so the curve's growing edge shows.
     if (data.running) {
       ctx.fillStyle = "rgba(28, 100, 214, 0.08)";
-      const xr = lay.x(data.running.writers);
+      const xr = lay.x(at(data, data.running));
       ctx.fillRect(xr - px, lay.top1, 2 * px, lay.bottom2 - lay.top1);
     }
 
@@ -105,15 +113,15 @@
       ctx.fillText(`${Math.round(rate * 100)}%`, lay.left - 6, y);
     }
     ctx.textAlign = "center";
-    for (const writers of lay.levels) {
-      const x = lay.x(writers);
+    for (const level of lay.levels) {
+      const x = lay.x(level);
       ctx.beginPath();
       ctx.moveTo(x, lay.top1);
       ctx.lineTo(x, lay.bottom2);
       ctx.stroke();
-      ctx.fillText(String(writers), x, lay.bottom2 + px * 1.1);
+      ctx.fillText(String(level), x, lay.bottom2 + px * 1.1);
     }
-    ctx.fillText("writers (pgbench: clients), log scale", (lay.left + lay.right) / 2, lay.bottom2 + px * 2.5);
+    ctx.fillText((data.axis || WRITERS).label, (lay.left + lay.right) / 2, lay.bottom2 + px * 2.5);
     ctx.textAlign = "left";
     ctx.fillStyle = "#1f2933";
     ctx.fillText("committed per second", lay.left, lay.top1 - px * 0.9);
@@ -121,19 +129,19 @@
 
     // One line per series in each panel, its points filled.
     for (const line of data.series) {
-      const points = data.points.filter((p) => p.strategy === line.name).sort((a, b) => a.writers - b.writers);
+      const points = data.points.filter((p) => p.strategy === line.name).sort((a, b) => at(data, a) - at(data, b));
       for (const [value, y] of [[(p) => p.commits_per_s, lay.y1], [(p) => p.conflict_rate, lay.y2]]) {
         ctx.strokeStyle = line.color;
         ctx.fillStyle = line.color;
         ctx.lineWidth = 2.5;
         ctx.setLineDash(line.dash);
         ctx.beginPath();
-        points.forEach((p, i) => (i ? ctx.lineTo(lay.x(p.writers), y(value(p))) : ctx.moveTo(lay.x(p.writers), y(value(p)))));
+        points.forEach((p, i) => (i ? ctx.lineTo(lay.x(at(data, p)), y(value(p))) : ctx.moveTo(lay.x(at(data, p)), y(value(p)))));
         ctx.stroke();
         ctx.setLineDash([]);
         for (const p of points) {
           ctx.beginPath();
-          ctx.arc(lay.x(p.writers), y(value(p)), 4, 0, Math.PI * 2);
+          ctx.arc(lay.x(at(data, p)), y(value(p)), 4, 0, Math.PI * 2);
           ctx.fill();
         }
       }
@@ -144,7 +152,7 @@
       canvas.dataset.points = String(data.points.length);
       canvas.dataset.series = data.series.map((s) => s.name).join(",");
       canvas.dataset.levels = lay.levels.join(",");
-      canvas.sweepPositions = data.points.map((p) => ({ job: p.job, strategy: p.strategy, writers: p.writers, x: lay.x(p.writers), y: lay.y1(p.commits_per_s) }));
+      canvas.sweepPositions = data.points.map((p) => ({ job: p.job, strategy: p.strategy, writers: p.writers, x: lay.x(at(data, p)), y: lay.y1(p.commits_per_s) }));
       window.Occviz.drawn(canvas, (target) => draw(target, data), { sweep: { points: data.points.length } });
     }
   }
@@ -161,7 +169,7 @@
     let bestD = HIT_PX;
     for (const p of data.points) {
       for (const y of [lay.y1(p.commits_per_s), lay.y2(p.conflict_rate)]) {
-        const d = Math.hypot(lay.x(p.writers) - mx, y - my);
+        const d = Math.hypot(lay.x(at(data, p)) - mx, y - my);
         if (d <= bestD) {
           best = p;
           bestD = d;
@@ -183,7 +191,8 @@
       const point = pointAt(canvas, ev);
       canvas.style.cursor = linkOf(point) ? "pointer" : "";
       canvas.title = point
-        ? `${point.strategy} at ${point.writers} writers: ${Math.round(point.commits_per_s)} commits/s, ` +
+        ? `${point.strategy} at ${point.writers} writers${point.latency_ms != null ? ` ${point.latency_ms} ms away` : ""}: ` +
+          `${Math.round(point.commits_per_s)} commits/s, ` +
           `conflict rate ${Math.round(point.conflict_rate * 100)}%${point.job ? ` (job #${point.job})` : ""}`
         : "";
     });
