@@ -117,6 +117,13 @@ def _child_environment(using: str) -> dict[str, str]:
     return environment
 
 
+def _readable(fd: int, timeout_s: float) -> bool:
+    """Wait up to `timeout_s` for `fd` to be readable (poll: any fd number, unlike select)."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(timeout_s * 1000))
+
+
 def process_state(pid: int) -> str:
     """The process' state letter in /proc/<pid>/stat (R, S, T stopped, Z zombie...); '' once it is gone."""
     try:
@@ -299,8 +306,7 @@ class ReplicaProcess:
                     raise RuntimeError(
                         f"{self.identity} (process {self.pid}): not connected after {START_TIMEOUT_S:g} s"
                     )
-            with contextlib.suppress(InterruptedError):
-                select.select([self._lines], [], [], 0.1)
+            _readable(self._lines, 0.1)
             self._caught_up()
         if until_ready and not self._ready:
             raise RuntimeError(
@@ -358,10 +364,10 @@ class ReplicaProcess:
                 os.close(self._commands)  # a replica that missed `end` reads the end of its commands
                 self._commands = -1
         # A pidfd reads as ready once its process has exited.
-        if self._pidfd >= 0 and not select.select([self._pidfd], [], [], EXIT_TIMEOUT_S)[0]:
+        if self._pidfd >= 0 and not _readable(self._pidfd, EXIT_TIMEOUT_S):
             logger.warning("%s (process %s) did not exit: killed", self.identity, self.pid)
             self._signal(signal.SIGKILL)
-            select.select([self._pidfd], [], [], EXIT_TIMEOUT_S)
+            _readable(self._pidfd, EXIT_TIMEOUT_S)
         self._caught_up()  # anything it wrote on its way out
         with self._control_lock, self._pipe_lock:
             for fd in (self._lines, self._pidfd):
@@ -433,8 +439,7 @@ class ReplicaProcess:
             # Its pipe ends with it: every line it wrote before it died is read (and recorded) first.
             deadline = time.monotonic() + EXIT_TIMEOUT_S
             while not self._eof.is_set() and self._lines >= 0 and time.monotonic() < deadline:
-                with contextlib.suppress(InterruptedError):
-                    select.select([self._lines], [], [], 0.05)
+                _readable(self._lines, 0.05)
                 self._caught_up()
             self.paused = False
             leading = self.leading
@@ -584,7 +589,7 @@ class _Lines:
         self._lock = threading.Lock()
 
     def send(self, message: dict[str, Any]) -> None:
-        data = json.dumps(message, separators=(",", ":")).encode() + b"\n"
+        data = json.dumps(message, separators=(",", ":"), default=str).encode() + b"\n"
         with self._lock:
             while data:
                 data = data[os.write(self._fd, data) :]
@@ -655,8 +660,7 @@ class _Commands:
 
     def follow(self) -> None:
         while not self.end.is_set():
-            with contextlib.suppress(InterruptedError):
-                select.select([self._fd], [], [], 1.0)
+            _readable(self._fd, 1.0)
             self.take()
 
     def take(self) -> None:
