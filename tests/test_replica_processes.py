@@ -10,6 +10,7 @@ Timings as in test_leader_election.py: LeaseDuration 1.5 s, RenewDeadline 1 s, R
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -137,6 +138,29 @@ def test_kill_sends_sigkill_to_the_leaders_process_and_the_failover_stays_within
     assert f"after replica-{leader} (process {pid}) was killed with SIGKILL" in words
     assert sentence(killed) == f"replica-{leader} (process {pid}) was killed with SIGKILL."
     print(f"\nkill: {words}")
+    assert_safe(summary)
+
+
+def test_a_replica_killed_from_outside_the_job_is_recorded_as_killed_and_failed_over() -> None:
+    """`kill -9 <pid>` from a shell: the job sees the pipe end with no word from it, a crash."""
+    run = ProcessRun(3).start()
+    try:
+        leader = run.leader()
+        pid = run.pid(leader)
+        time.sleep(0.3)
+        os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: run.log.of("killed"), what="the job to see its replica die", timeout=3)
+        successor = run.leader(timeout=KILL_BOUND_S + 1, other_than=(leader,))
+        with pytest.raises(ValueError, match=f"Replica {leader} was killed"):
+            run.election.pause(leader, 1.0)
+    finally:
+        summary = run.finish(after_s=0.2)
+    (killed,) = run.log.of("killed")
+    assert killed["detail"] == {"leading": True, "pid": pid, "outside": True}
+    assert sentence(killed) == f"replica-{leader}'s process {pid} died: killed from outside the job."
+    (failover,) = summary["failovers"]
+    assert (failover["cause"], failover["pid"], failover["new_leader"]) == ("kill", pid, f"replica-{successor}")
+    assert failover["new_leader_after_s"] <= failover["bound_s"]
     assert_safe(summary)
 
 

@@ -280,6 +280,7 @@ class ReplicaProcess:
             self._on_started()
             self._send(op="go")
             self._follow()
+            self._died()
         finally:
             self._finish()
         if self.failure:
@@ -291,7 +292,7 @@ class ReplicaProcess:
         pid, self._commands, self._lines = self._spawner().spawn(setup)
         os.set_blocking(self._lines, False)
         self.pid = pid
-        with contextlib.suppress(ProcessLookupError):  # gone already: its pipe says so
+        with contextlib.suppress(OSError):  # gone already (its pipe says so), or a kernel without pidfds
             self._pidfd = os.pidfd_open(pid)
         logger.info("%s runs as process %s", self.identity, pid)
 
@@ -350,6 +351,19 @@ class ReplicaProcess:
         elif "fail" in message:
             self.failure = message["fail"]
 
+    def _died(self) -> None:
+        """Its lines ended, and nobody here ended it: its process died (`kill -9` from a shell, the OOM killer)."""
+        with self._control_lock:
+            if self.killed or self.stop_requested or self._ended or self.failure:
+                return
+            self.killed = True
+            detail = {"leading": self.leading, "pid": self.pid, "outside": True}
+            self._record_control("killed", detail=detail)
+            logger.warning("%s: process %s died, killed from outside the job", self.identity, self.pid)
+        if self.proxy is not None:
+            with contextlib.suppress(RuntimeError):
+                self.proxy.cut(None)
+
     def _finish(self) -> None:
         """End the process if it still runs, wait until it is gone, close the pipes and the proxy."""
         with self._control_lock:
@@ -363,11 +377,10 @@ class ReplicaProcess:
             if self._commands >= 0:
                 os.close(self._commands)  # a replica that missed `end` reads the end of its commands
                 self._commands = -1
-        # A pidfd reads as ready once its process has exited.
-        if self._pidfd >= 0 and not _readable(self._pidfd, EXIT_TIMEOUT_S):
+        if self.pid is not None and not self._exited(EXIT_TIMEOUT_S):
             logger.warning("%s (process %s) did not exit: killed", self.identity, self.pid)
             self._signal(signal.SIGKILL)
-            _readable(self._pidfd, EXIT_TIMEOUT_S)
+            self._exited(EXIT_TIMEOUT_S)
         self._caught_up()  # anything it wrote on its way out
         with self._control_lock, self._pipe_lock:
             for fd in (self._lines, self._pidfd):
@@ -390,11 +403,24 @@ class ReplicaProcess:
             while data:
                 data = data[os.write(self._commands, data) :]
 
-    def _signal(self, signum: signal.Signals) -> None:
-        """Send `signum` to the replica's process, and never to another that took its pid."""
+    def _exited(self, timeout_s: float) -> bool:
+        """Wait up to `timeout_s` for the process to be gone."""
         if self._pidfd >= 0:
-            with contextlib.suppress(ProcessLookupError):
+            return _readable(self._pidfd, timeout_s)  # a pidfd reads as ready once its process has exited
+        deadline = time.monotonic() + timeout_s
+        while self.pid is not None and process_state(self.pid) not in ("", "Z"):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)
+        return True
+
+    def _signal(self, signum: signal.Signals) -> None:
+        """Send `signum` to the replica's process, and never to another that took its pid (through its pidfd)."""
+        with contextlib.suppress(ProcessLookupError):
+            if self._pidfd >= 0:
                 signal.pidfd_send_signal(self._pidfd, signum)
+            elif self.pid is not None and not self.finished:
+                os.kill(self.pid, signum)  # no pidfds in this kernel: the pid, while the replica is ours
 
     def _record_control(self, kind: str, **fields: Any) -> None:
         self._record_event(self.number, self.op, 0, kind, **fields)

@@ -455,7 +455,11 @@ SENTENCES: Final[dict[str, tuple[str, ...]]] = {
     "fenced": ("{who}'s write with token {value_written} was fenced: the counter has seen token {value_read}.",),
     "db_error": ("{who}: database error ({detail.phase}): {detail.message}",),
     "reconnected": ("{who} reconnected to the database.",),
-    "killed": ("{who} (process {detail.pid}) was killed with {detail.signal}.", "{who} was killed."),
+    "killed": (
+        "{who} (process {detail.pid}) was killed with {detail.signal}.",
+        "{who}'s process {detail.pid} died: killed from outside the job.",
+        "{who} was killed.",
+    ),
     "stopped": ("{who} was stopped gracefully.",),
     "paused": (
         "{who} (process {detail.pid}) was stopped with {detail.signal} for {detail.seconds:s}: a stop-the-world pause.",
