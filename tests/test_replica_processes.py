@@ -214,6 +214,28 @@ def test_pause_stops_the_process_and_on_waking_its_write_is_fenced() -> None:
     assert_safe(summary)
 
 
+def test_a_replica_paused_when_the_election_ends_continues_only_to_end() -> None:
+    run = ProcessRun(2).start()
+    try:
+        leader = run.leader()
+        pid = run.pid(leader)
+        time.sleep(0.3)
+        run.election.pause(leader, 60.0)
+        assert process_state(pid) == "T"
+        time.sleep(0.3)  # shorter than its lease: it still holds it
+    finally:
+        started = time.monotonic()
+        summary = run.finish()
+    assert time.monotonic() - started < 5, "the end waited for the pause"
+    assert gone(pid)
+    # SIGCONT at the end: it takes the end before another step, and only releases (ReleaseOnCancel).
+    (paused,) = run.log.of("paused")
+    after = [e["kind"] for e in run.log.events if e["actor"] == leader and e["t_ms"] > paused["t_ms"]]
+    assert after == ["released"], after
+    assert not run.log.of("woke")
+    assert_safe(summary)
+
+
 # -- the other controls, on processes -------------------------------------------------------------------------
 
 
