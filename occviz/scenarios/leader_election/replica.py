@@ -575,6 +575,7 @@ def _prctl(option: int, value: int | bytes) -> None:
 def serve(socket_fd: int) -> None:
     """The fork server (Django set up by _BOOT): a replica per request, until the job's process closes the socket."""
     server = socket.socket(fileno=socket_fd)
+    _prctl(_PR_SET_NAME, b"occviz-forks")  # as `ps` names it; its replicas call themselves replica-N
     # Its replicas are reaped by the kernel as they exit: the job watches them through their pidfds.
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)
     me = os.getpid()
