@@ -86,8 +86,9 @@ def test_each_replica_is_a_process_of_its_own_and_one_leads() -> None:
         leader = run.leader()
         pids = {n: run.pid(n) for n in run.election.replicas}
         assert len(set(pids.values())) == 3 and os.getpid() not in pids.values()
-        for pid in pids.values():
+        for number, pid in pids.items():
             assert "occviz.scenarios.leader_election.replica" in cmdline(pid)
+            assert Path(f"/proc/{pid}/comm").read_text().strip() == f"replica-{number}"  # as ps shows it
             assert process_state(pid) in ("S", "R")
         time.sleep(0.6)
     finally:
