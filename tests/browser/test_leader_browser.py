@@ -58,8 +58,9 @@ def test_kill_the_leader_and_watch_the_failover(page: Page, app_url: str, teache
     page.click(f'#actor-controls tr[data-actor-row="{leader}"] button[data-control="kill"]')
     expect(page.locator("[data-control-note]")).to_have_text(f"Sent: kill replica-{leader}.")
 
-    # Another replica takes over once the lease has run out, and the log says how long it took.
-    failover = page.locator("#live-log li", has_text=f"after replica-{leader} was killed")
+    # Another replica takes over once the lease has run out, and the log says how long it took
+    # (and which process it was: each replica runs in a process of its own, killed with SIGKILL).
+    failover = page.locator("#live-log li", has_text=re.compile(rf"after replica-{leader} \(process \d+\) was killed"))
     expect(failover).to_have_count(1, timeout=15_000)
     text = failover.inner_text()
     found = re.match(r"replica-(\d+) acquired the lease \(transition (\d+)\), ([\d.]+) s after", text)

@@ -1,4 +1,7 @@
-"""The replicas of a leader election: R electors as threads sharing a stop event, and their failure controls.
+"""The replicas of a leader election: R electors sharing a stop event, and their failure controls.
+
+The electors are threads of the job's process, or (`processes=True`) each in a process
+of its own (replica.py), where kill is SIGKILL and pause SIGSTOP.
 
 What the scenario does, in order:
 
@@ -29,11 +32,14 @@ from django.conf import settings
 from occviz.concurrency.writer import Record
 from occviz.scenarios.leader_election.elector import Habits, LeaderElectionConfig, LeaderElector, Ready, first_line
 from occviz.scenarios.leader_election.proxy import DatabaseProxy, ProxyProcess
+from occviz.scenarios.leader_election.replica import ReplicaProcess, ReplicaSpawner
 from occviz.store.models import Counter, Lease
 
 logger = logging.getLogger(__name__)
 
 Actor = Callable[[Ready], None]
+Replica = LeaderElector | ReplicaProcess
+"""A replica as the election sees it: a thread's elector, or a process' mirror (the same controls and beliefs)."""
 ControlAction = Literal["kill", "stop", "pause", "cut_off", "skew", "starve", "add"]
 
 
@@ -70,7 +76,9 @@ class TimedControl:
 
 
 class LeaderElection:
-    """R replicas contending for one Lease, as threads sharing a stop event, and their failure controls.
+    """R replicas contending for one Lease, sharing a stop event, and their failure controls.
+
+    `processes`: each replica runs in a process of its own (ReplicaProcess), else as a thread.
 
     Controls take a replica number (1..R, and more once added) and may be called from any
     thread while the election runs; on an unknown, killed, stopped or ended replica they
@@ -90,6 +98,7 @@ class LeaderElection:
         using: str = "default",
         habits: Habits | None = None,
         lease_durations: Mapping[int, float] | None = None,
+        processes: bool = False,
     ) -> None:
         self.config = config or LeaderElectionConfig()
         self.habits = habits or Habits()
@@ -105,6 +114,7 @@ class LeaderElection:
         self.record = record
         self.seed = seed if seed is not None else random.randrange(2**32)
         self.using = using
+        self.processes = processes
         self.started_at: float | None = None  # time.monotonic() when the replicas were released
         self._stop = stop
         self._end = threading.Event()  # the replicas' own end: the stop event, or `seconds` elapsed
@@ -116,11 +126,12 @@ class LeaderElection:
         self._added: list[threading.Thread] = []
         self._errors: list[BaseException] = []
         self._proxy_process: ProxyProcess | None = None
+        self._spawner: ReplicaSpawner | None = None
         self._electors = {number: self._elector(number) for number in range(1, replicas + 1)}
         self._reserved: set[int] = set()  # lanes of the election that are no replica (outside writers)
         self._initial = list(self._electors.values())
 
-    def _elector(self, number: int) -> LeaderElector:
+    def _elector(self, number: int) -> Replica:
         config, habits = self.config, self.habits
         own = self.lease_durations.get(number)
         if own is not None:
@@ -128,6 +139,21 @@ class LeaderElection:
             # one RetryPeriod late, as a rollout adds it next to a leader already elected.
             config = self.config.scaled_to(own)
             habits = replace(habits, own_lease=True, start_delay_s=self.config.retry_period)
+        if self.processes:
+            return ReplicaProcess(
+                number,
+                lease_id=self.lease_id,
+                counter_id=self.counter_id,
+                config=config,
+                habits=habits,
+                rng_seed=self.seed * 1_000 + number,
+                record=self.record,
+                end=self._end,
+                proxies=self._proxy,
+                spawner=self._replica_spawner,
+                using=self.using,
+                on_started=self._on_started,
+            )
         return LeaderElector(
             number,
             lease_id=self.lease_id,
@@ -161,6 +187,9 @@ class LeaderElection:
         was killed (one may still be added); it returns when every replica has ended.
         """
         self._seconds = seconds
+        if self.processes:
+            # Started by this thread, which outlives every replica: the kernel ends it with this thread.
+            self._spawner = ReplicaSpawner(self.using)
         try:
             (run_actors or self._run_threads)(self.actors())
             if self._started.is_set():
@@ -172,6 +201,8 @@ class LeaderElection:
             self._wake_all()
             for thread in [*self._added, *self._helpers]:
                 thread.join()
+            if self._spawner is not None:
+                self._spawner.close()
             if self._proxy_process is not None:
                 self._proxy_process.close()
         if self._errors:
@@ -207,6 +238,11 @@ class LeaderElection:
                 self._proxy_process = ProxyProcess(*_upstream(self.using))
             process = self._proxy_process
         return process.proxy(name)
+
+    def _replica_spawner(self) -> ReplicaSpawner:
+        if self._spawner is None:
+            raise RuntimeError("the election is not running: no replica process can start")
+        return self._spawner
 
     def _on_started(self) -> None:
         # Called by every replica past the barrier; the first one starts the clock and the helpers.
@@ -285,7 +321,7 @@ class LeaderElection:
         """Every replica's number, the added ones too."""
         return sorted(self._electors)
 
-    def elector(self, replica: int) -> LeaderElector:
+    def elector(self, replica: int) -> Replica:
         """Replica `replica`'s elector, dead or alive (ValueError if there is no such replica)."""
         elector = self._electors.get(replica)
         if elector is None:
@@ -318,7 +354,7 @@ class LeaderElection:
 
     # -- the failure controls -----------------------------------------------------------------------
 
-    def _alive(self, replica: int) -> LeaderElector:
+    def _alive(self, replica: int) -> Replica:
         if not self._started.is_set() or self._end.is_set():
             raise ValueError("The election is not running.")
         elector = self.elector(replica)
@@ -329,7 +365,7 @@ class LeaderElection:
         return elector
 
     def kill(self, replica: int) -> None:
-        """Kill the replica: it stops at once, releases nothing, and its connection is dropped."""
+        """Kill the replica (SIGKILL for a process): it stops at once, releases nothing, its connection drops."""
         self._alive(replica).kill()
 
     def stop(self, replica: int) -> None:
@@ -337,7 +373,8 @@ class LeaderElection:
         self._alive(replica).request_stop()
 
     def pause(self, replica: int, seconds: float) -> None:
-        """A stop-the-world pause of `seconds`: a leader wakes believing it leads and writes before renewing."""
+        """A stop-the-world pause of `seconds` (SIGSTOP, then SIGCONT, for a process): a leader wakes believing it
+        leads and writes before renewing."""
         _positive(seconds, "A pause")
         self._alive(replica).pause(seconds)
 
@@ -377,7 +414,7 @@ class LeaderElection:
             self._reserved.add(number)
             return number
 
-    def _run_added(self, elector: LeaderElector) -> None:
+    def _run_added(self, elector: Replica) -> None:
         try:
             elector.run(lambda: None)
         except Exception as error:

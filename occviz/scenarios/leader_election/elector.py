@@ -203,6 +203,18 @@ class LeaderElector:
         """How long `record` is valid for this replica: the record's duration, or its own if it judges by its own."""
         return self.config.lease_duration if self.habits.own_lease else self.config.duration_of(record)
 
+    @property
+    def observed_holder(self) -> str | None:
+        """The holder in the Lease this replica saw last (None before it saw one)."""
+        return None if self.observed is None else self.observed.holder_identity
+
+    @property
+    def observed_expiry(self) -> float | None:
+        """When the lease it saw last runs out by its own clock (time.monotonic()), or None."""
+        if self.observed is None:
+            return None
+        return self.observed_time + self.lease_duration_of(self.observed)
+
     def _observe(self, record: LeaseRecord) -> None:
         self.observed = record
         self.observed_time = time.monotonic()

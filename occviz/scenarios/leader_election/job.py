@@ -71,6 +71,11 @@ def _lease_durations(params: Mapping[str, Any]) -> dict[int, float]:
     return {int(name.removeprefix("replica-")): float(seconds) for name, seconds in pairs}
 
 
+def replicas_as_processes(params: Mapping[str, Any]) -> bool:
+    """Whether each replica runs in a process of its own (the default; jobs made before the choice did too)."""
+    return params.get("replicas_as", "processes") != "threads"
+
+
 def is_incident(params: Mapping[str, Any]) -> bool:
     """Whether the job's replicas were made to misbehave as in an incident from the field."""
     return any(
@@ -109,7 +114,8 @@ class FailoverNarrator:
         detail = fields.get("detail") or {}
         with self._lock:
             if kind in _TAKEN_DOWN and detail.get("leading"):
-                self._down = (self.recorder.now_ms(), f"{identity(actor)} {_TAKEN_DOWN[kind]}")
+                who = identity(actor) + (f" (process {detail['pid']})" if detail.get("pid") else "")
+                self._down = (self.recorder.now_ms(), f"{who} {_TAKEN_DOWN[kind]}")
             elif kind == "acquired" and self._down is not None:
                 at_ms, what = self._down
                 self._down = None
@@ -136,6 +142,7 @@ def run(context: JobContext) -> dict[str, Any]:
         seed=seed,
         habits=_habits(params),
         lease_durations=_lease_durations(params),
+        processes=replicas_as_processes(params),
     )
     # Skews apply as the replicas are released; the failures at their moments.
     skews = [TimedControl("skew", 0.0, replica=replica, seconds=seconds) for replica, seconds in _skews(params)]
@@ -268,9 +275,9 @@ def _replica_states(election: LeaderElection) -> list[dict[str, Any]]:
         else:
             status = "running"
         timer = None
-        observed = elector.observed
-        if status in ("running", "paused", "cut off") and observed is not None and observed.holder_identity:
-            timer = round(max(0.0, elector.observed_time + elector.lease_duration_of(observed) - now), 1)
+        holder, expiry = elector.observed_holder, elector.observed_expiry
+        if status in ("running", "paused", "cut off") and holder and expiry is not None:
+            timer = round(max(0.0, expiry - now), 1)
         states.append(
             {
                 "number": number,
@@ -278,9 +285,10 @@ def _replica_states(election: LeaderElection) -> list[dict[str, Any]]:
                 "leading": bool(elector.leading and status not in ("killed", "stopped")),
                 "token": elector.token,
                 "status": status,
-                "holder_seen": observed.holder_identity if observed is not None else None,
+                "holder_seen": holder,
                 "timer_s": timer,
                 "skew_s": elector.clock_offset_s or None,
+                "pid": getattr(elector, "pid", None),
             }
         )
     return states

@@ -37,6 +37,10 @@ if TYPE_CHECKING:
     from occviz.jobs.context import JobContext
 
 MAX_REPLICAS = 16
+REPLICAS_AS = (
+    ("processes", "processes of their own (kill: SIGKILL, pause: SIGSTOP)"),
+    ("threads", "threads of the job's process"),
+)
 _SKEW = re.compile(r"^(?:replica-)?(\d{1,3})=([+-]?\d{1,5}(?:\.\d{1,3})?)$")
 _LEASE_DURATION = re.compile(r"^(?:replica-)?(\d{1,3})=(\d{1,5}(?:\.\d{1,3})?)$")
 
@@ -97,6 +101,13 @@ class LeaderElectionForm(ScenarioForm):
         required=False, label="Release on cancel", help_text="client-go ReleaseOnCancel: a stopping leader releases."
     )
     seed = WholeNumberField(required=False, min_value=0, max_value=2**32, help_text="Seed for the jitter.")
+    replicas_as = forms.ChoiceField(
+        choices=REPLICAS_AS,
+        required=False,
+        initial="processes",
+        label="Replicas run as",
+        help_text="Processes: kill is SIGKILL, pause is SIGSTOP. Threads: quicker to start.",
+    )
 
     def clean(self) -> dict[str, Any]:
         data = super().clean()
@@ -280,6 +291,8 @@ _CAPTIONS: dict[str, tuple[tuple[str, ...], str, bool]] = {
     ),
     "killed": (
         (
+            "{who}'s process {detail.pid} was killed with {detail.signal} (a crashed pod, kill -9): it does not "
+            "release the Lease, so the others must wait out LeaseDuration from the last change they saw.",
             "{who} was killed (a crashed pod, kill -9): it does not release the Lease, so the others must wait "
             "out LeaseDuration from the last change they saw.",
         ),
@@ -296,6 +309,8 @@ _CAPTIONS: dict[str, tuple[tuple[str, ...], str, bool]] = {
     ),
     "paused": (
         (
+            "{who}'s process {detail.pid} was stopped with {detail.signal} for {detail.seconds:s} (a long GC pause, "
+            "a suspended VM): it cannot renew, and will not know that time passed.",
             "{who} froze for {detail.seconds:s} (a long GC pause, a suspended VM): it cannot renew, and will not "
             "know that time passed.",
         ),
@@ -304,6 +319,9 @@ _CAPTIONS: dict[str, tuple[tuple[str, ...], str, bool]] = {
     ),
     "woke": (
         (
+            "{who}'s process {detail.pid} got SIGCONT after {detail.seconds:s} and woke believing it still leads "
+            "(token {detail.token}): its lease may have run out meanwhile, and only the fencing token stops its next "
+            "write.",
             "{who} woke from {detail.seconds:s} believing it still leads (token {detail.token}): its lease may have "
             "run out meanwhile, and only the fencing token stops its next write.",
             "{who} woke from {detail.seconds:s} as a follower: it goes back to trying every RetryPeriod.",
@@ -402,7 +420,7 @@ class LeaderElectionScenario(Scenario):
             "starve_leader_every",
             "starve_for",
         ),
-        "More": ("release_on_cancel", "seed"),
+        "More": ("release_on_cancel", "seed", "replicas_as"),
     }
     actor_label = "replica-{n}"
     actors_param = "replicas"
@@ -704,6 +722,8 @@ class LeaderElectionScenario(Scenario):
         ]
         if params.get("no_fencing"):
             timed.append("no fencing")
+        if params.get("replicas_as") == "threads":
+            timed.append("replicas as threads")
         return line + (f"; {', '.join(timed)}" if timed else "")
 
 

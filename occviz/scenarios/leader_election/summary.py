@@ -313,6 +313,9 @@ def failovers(events: Sequence[Event], config: LeaderElectionConfig, end_s: floa
                 "new_leader": None if successor is None else _name(successor),
                 "transition": None if successor is None else successor["value_written"],
                 "within_bound": within,
+                # The process that was killed or stopped, and the signal (None: a thread, or no signal).
+                "pid": detail(event).get("pid"),
+                "signal": detail(event).get("signal"),
             }
         )
     return result
@@ -452,10 +455,18 @@ SENTENCES: Final[dict[str, tuple[str, ...]]] = {
     "fenced": ("{who}'s write with token {value_written} was fenced: the counter has seen token {value_read}.",),
     "db_error": ("{who}: database error ({detail.phase}): {detail.message}",),
     "reconnected": ("{who} reconnected to the database.",),
-    "killed": ("{who} was killed.",),
+    "killed": (
+        "{who} (process {detail.pid}) was killed with {detail.signal}.",
+        "{who}'s process {detail.pid} died: killed from outside the job.",
+        "{who} was killed.",
+    ),
     "stopped": ("{who} was stopped gracefully.",),
-    "paused": ("{who} froze for {detail.seconds:s} (a stop-the-world pause).",),
+    "paused": (
+        "{who} (process {detail.pid}) was stopped with {detail.signal} for {detail.seconds:s}: a stop-the-world pause.",
+        "{who} froze for {detail.seconds:s} (a stop-the-world pause).",
+    ),
     "woke": (
+        "{who} (process {detail.pid}) woke from a {detail.seconds:s} pause believing it leads (token {detail.token}).",
         "{who} woke from a {detail.seconds:s} pause believing it leads (token {detail.token}).",
         "{who} woke from a {detail.seconds:s} pause as a follower.",
     ),
@@ -493,8 +504,11 @@ def sentence(event: Event, who: str | None = None) -> str:
 
 
 def describe_failover(failover: Mapping[str, Any]) -> str:
-    """E.g. "replica-2 acquired the lease (transition 3), 4.1 s after replica-1 was killed (bound 6.9 s)."."""
-    what = f"{failover['leader']} {_CAUSE_WORDS[failover['cause']]}"
+    """E.g. "replica-2 acquired the lease (transition 3), 4.1 s after replica-1 (process 4242) was killed with SIGKILL
+    (bound 6.9 s)."."""
+    process = f" (process {failover['pid']})" if failover.get("pid") else ""
+    signal = f" with {failover['signal']}" if failover.get("signal") else ""
+    what = f"{failover['leader']}{process} {_CAUSE_WORDS[failover['cause']]}{signal}"
     if failover["new_leader"] is None:
         return f"No replica acquired the lease after {what} at {failover['at_s']:.1f} s."
     return (
