@@ -8,7 +8,8 @@ for `think_ms`): the form holds every default, limit and help text, and validate
 the flags say, so the same input gets the same error here as in the browser. `--preset NAME`
 starts from one of the scenario's presets, as its button on the page does. The job is
 recorded like any other (events, summary, admin), but no worker is needed: the actors
-run as threads of this command.
+run as threads of this command (with `--processes N`, of N processes: this one and N - 1
+`runshard` children, released together).
 
 While the job runs, this process renews its heartbeat (`Job.runner` is `runjob:<host>:<pid>`).
 Ctrl-C (SIGINT) or SIGTERM stops the actors within a second and records the job as
@@ -123,7 +124,7 @@ class Command(BaseCommand):
                 )
                 raise CommandError(f"invalid job: {flags}", returncode=2) from None
             reap()  # this process notices dead runners too, as every occviz process does
-            job = run_job(job.pk, runner=runner_id("runjob"))
+            job = run_job(job.pk, runner=runner_id("runjob"), shards="children")
         if stopped_by:
             signum = stopped_by[0]
             if job.summary is not None:

@@ -50,9 +50,9 @@ _outside: dict[int, OutsideTally] = {}
 _outside_lock = threading.Lock()
 
 
-def run(context: JobContext) -> dict[str, Any]:
-    job, params = context.job, context.params
-    names = _make_rows(job, params)
+def writers(context: JobContext, names: Mapping[int, str], seed: int) -> list[Actor]:
+    """The job's writers, 1..N, over its rows (`names`: each row's name by id)."""
+    params = context.params
     rows = list(names)
     policy = make_policy(
         params["retry"],
@@ -62,7 +62,6 @@ def run(context: JobContext) -> dict[str, Any]:
         cap_ms=params["cap_ms"],
     )
     increment = STRATEGIES[params["strategy"]]
-    seed = params["seed"] if params["seed"] is not None else random.randrange(2**32)
     limit_s = float(params["seconds"] or settings.OCCVIZ_MAX_SECONDS)
     conflict_details = {pk: {"name": name} for pk, name in names.items()}
 
@@ -86,13 +85,28 @@ def run(context: JobContext) -> dict[str, Any]:
 
         return act
 
+    return [writer_actor(n) for n in range(1, params["writers"] + 1)]
+
+
+def shard_actors(context: JobContext, plan: Mapping[str, Any]) -> list[Actor]:
+    """In a shard of a job over several processes: its writers again, over its rows as the coordinator made them."""
+    names = dict(Counter.objects.filter(job_id=context.job.pk).order_by("pk").values_list("pk", "name"))
+    return writers(context, names, int(plan["seed"]))
+
+
+def run(context: JobContext) -> dict[str, Any]:
+    job, params = context.job, context.params
+    names = _make_rows(job, params)
+    rows = list(names)
+    seed = params["seed"] if params["seed"] is not None else random.randrange(2**32)
+    limit_s = float(params["seconds"] or settings.OCCVIZ_MAX_SECONDS)
     lanes, own_rows = iter(range(params["writers"] + 1, 2**31)), set(rows)
     with _outside_lock:
         _outside[job.pk] = OutsideTally()
     context.on_outside_write(
         lambda payload: record_outside_write(context, own_rows, payload), next_actor=lanes.__next__
     )
-    context.run_actors([writer_actor(n) for n in range(1, params["writers"] + 1)], time_limit_s=limit_s)
+    context.run_actors(writers(context, names, seed), time_limit_s=limit_s, plan={"seed": seed})
     with transaction.atomic():
         # The rows locked while they are read: every outside write that landed before is
         # then recorded, and none lands after, so the rows and the events tell one story.

@@ -13,6 +13,7 @@ from django import forms
 from django.conf import settings
 
 from occviz.concurrency.retry import LARGEST_FACTOR, LONGEST_WAIT_MS, PRESETS
+from occviz.jobs.shards import MAX_PROCESSES, parse_processes
 from occviz.scenarios.base import (
     ERROR,
     DecimalNumberField,
@@ -32,7 +33,7 @@ from occviz.scenarios.outside import outside_conflict_kind, outside_deleted_kind
 from occviz.store.models import Counter, conflict_message
 
 if TYPE_CHECKING:
-    from occviz.jobs.context import JobContext
+    from occviz.jobs.context import Actor, JobContext
 
 DEFAULT_INCREMENTS = 100
 
@@ -74,9 +75,19 @@ class CounterForm(ScenarioForm):
     seed = WholeNumberField(
         required=False, min_value=0, max_value=2**32 - 1, help_text="Seed for row choice and jitter."
     )
+    processes = forms.CharField(
+        required=False,
+        initial="1",
+        max_length=8,
+        help_text=f'The processes its writers are spread over: 1 to {MAX_PROCESSES}, or "auto" (one per core).',
+    )
 
     def clean(self) -> dict[str, Any]:
         data = super().clean()
+        try:
+            data["processes"] = parse_processes(data.get("processes"), data.get("writers"))
+        except ValueError as refused:
+            self.add_error("processes", str(refused))
         if data.get("increments") is not None and data.get("seconds") is not None:
             self.add_error("seconds", "Give increments or seconds, not both.")
         elif data.get("increments") is None and data.get("seconds") is None:
@@ -112,6 +123,7 @@ class CounterRace(Scenario):
         "Retry policy": ("retry", "max_attempts", "base_ms", "factor", "cap_ms"),
         "Locks and isolation": ("lock", "isolation"),
         "Starting point": ("initial_value", "seed"),
+        "Processes": ("processes",),
     }
     actor_label = "writer {n}"
     actors_param = "writers"
@@ -355,6 +367,9 @@ class CounterRace(Scenario):
 
     def read_state(self, job_id: int, params: Mapping[str, Any]) -> State:
         return job.read_state(job_id, params)
+
+    def shard_actors(self, context: JobContext, plan: Mapping[str, Any]) -> list[Actor]:
+        return job.shard_actors(context, plan)
 
     def connections(self, params: Mapping[str, Any]) -> int:
         return int(params["writers"])  # each writer has its own session
