@@ -102,9 +102,17 @@ class PgbenchRun:
 
 
 def run_pgbench(
-    row_id: int, clients: int, seconds: int, *, think_ms: float = 0.0, stop: threading.Event | None = None
+    row_id: int,
+    clients: int,
+    seconds: int,
+    *,
+    think_ms: float = 0.0,
+    stop: threading.Event | None = None,
+    threads: int | None = None,
 ) -> PgbenchRun:
     """pgbench with `clients` clients for `seconds` on counter row `row_id`; PgbenchUnavailable if it cannot run.
+
+    `threads`: pgbench's -j (default `threads_for(clients)`), at most one per client.
 
     `stop`, when set, ends pgbench at once (within a tenth of a second).
     """
@@ -117,7 +125,7 @@ def run_pgbench(
     try:
         process = subprocess.Popen(
             # -M prepared: the engine's writers prepare their statements too.
-            [path, "-n", "-M", "prepared", "-c", str(clients), "-j", str(threads_for(clients))]
+            [path, "-n", "-M", "prepared", "-c", str(clients), "-j", str(min(clients, threads or threads_for(clients)))]
             + ["-T", str(seconds), "-f", script.name],
             env=pgbench_env(),
             stdout=subprocess.PIPE,

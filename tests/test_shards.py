@@ -8,26 +8,36 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
-import socket
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from asgiref.sync import sync_to_async
+from django.db import connection
 
+from occviz.jobs.figures import RunningTotals
 from occviz.jobs.models import Event, EventBatch, Job, JobShard
 from occviz.jobs.reaper import end_stale_jobs
-from occviz.jobs.registry import ParamsError
+from occviz.jobs.recorder import EventRecorder
+from occviz.jobs.registry import ParamsError, program
+from occviz.jobs.snapshots import Snapshotter, State, snapshot_at
 from occviz.jobs.tasks import connections_needed, create_job, launch
 from occviz.scenarios.counter.scenario import CounterForm
 from tests.conftest import ROOT
+from tests.test_live_stream import assert_exactly_once, messages_until_close, session_cookie
+from tests.test_live_stream import socket as page_socket
+
+__all__ = ["session_cookie"]  # the fixture, used here by name
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-HOST = socket.gethostname()
+HOST = os.uname().nodename
 SHARD_TIMEOUT_S = 2
 CHILD_ENV = {"OCCVIZ_SHARD_HEARTBEAT_TIMEOUT_S": str(SHARD_TIMEOUT_S), "OCCVIZ_HEARTBEAT_TIMEOUT_S": "4"}
 
@@ -198,6 +208,9 @@ def test_bad_processes_are_refused_clearly_and_nothing_is_made(run_manage) -> No
     assert form.is_valid() and form.cleaned_data["processes"] == 2
     form = CounterForm(data=base)
     assert form.is_valid() and form.cleaned_data["processes"] == 1
+    # A scenario that cannot spread its actors yet says so.
+    with pytest.raises(ParamsError, match="A quota job runs in one process for now"):
+        create_job("quota", {"processes": "2"})
     result = run_manage(*COUNTER, "--writers", "2", "--increments", "5", "--processes", "17")
     assert result.returncode == 2 and "--processes: A job runs in 1 to 16 processes, not 17." in result.stderr
     assert not Job.objects.exists()
@@ -269,3 +282,92 @@ def test_a_job_reaped_after_its_coordinator_died_leaves_no_shard_running(start_m
     assert shard.status == "stopped" and shard.error == "ended elsewhere"
     job.refresh_from_db()
     assert_gapless_and_once(job)
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "channels_postgres"])
+@pytest.mark.asyncio
+async def test_a_page_watching_a_job_over_two_processes_sees_every_event_once_then_the_end(  # type: ignore[no-untyped-def]
+    start_manage, session_cookie: bytes
+) -> None:
+    """The shards' batches, stored by two processes, reach a live viewer as one job's."""
+    runjob = start_manage(*COUNTER, "--writers", "4", "--seconds", "3", "--think-ms", "1", "--processes", "2")
+    job = await sync_to_async(wait_for)(running_shards(2, events=50), 60, "the job's two shards to run")
+    communicator = page_socket(f"/ws/jobs/{job.pk}/events/", session_cookie)
+    assert (await communicator.connect())[0]
+    hello, *frames, end, code = [message async for message in messages_until_close(communicator, timeout=60)]
+    assert await sync_to_async(runjob.wait)(60) == 0
+    job = await Job.objects.aget(pk=job.pk)
+    assert hello["type"] == "hello" and hello["job"]["status"] == "running", "watched live"
+    assert_exactly_once(frames, 0, job.last_seq)
+    assert frames[-1]["totals"]["committed"] == job.summary["committed"] == frames[-1]["rows"][0]["value"]
+    assert end == {"type": "end", "status": "succeeded", "summary": job.summary, "invariant_ok": True}
+    assert code == 1000
+
+
+def test_an_actor_failing_in_one_shard_stops_every_shard_and_fails_the_job_with_its_error(start_manage) -> None:  # type: ignore[no-untyped-def]
+    runjob = start_manage(*COUNTER, "--writers", "4", "--seconds", "60", "--think-ms", "2", "--processes", "2")
+    job = wait_for(running_shards(2), timeout=60, what="the job's two shards to run")
+    shard = shards_of(job.pk)[1]
+
+    def shard_writers() -> list[int]:
+        # runshard names its connections after itself; its writers' are those with prepared counter statements.
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT pid FROM pg_stat_activity WHERE application_name = 'occviz runshard' "
+                "AND query LIKE '%%store_counter%%' AND query LIKE '%%$1%%'"
+            )
+            return [pid for (pid,) in cursor.fetchall()]
+
+    backend = wait_for(shard_writers, 10, "shard 1's writers' backends")[0]
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_terminate_backend(%s)", [backend])
+    terminated = time.monotonic()
+    assert runjob.wait(30) == 1, output(runjob)
+    ended_s = time.monotonic() - terminated
+    print(f"\n[fault] a writer's backend in shard 1 terminated: the job ended {ended_s:.2f} s after")
+    assert ended_s < 5
+    job.refresh_from_db()
+    assert job.status == Job.Status.FAILED
+    assert re.match(rf"shard 1 \(runshard:{HOST}:{shard.pid}\) failed: actor [34]: \w+: ", job.error), job.error
+    coordinator, failed = shards_of(job.pk)
+    assert (failed.status, coordinator.status) == ("failed", "failed"), "the coordinator failed with it"
+    assert failed.error.startswith("actor ") and failed.error in coordinator.error
+    assert job.summary is not None and job.summary["invariant_ok"] is True, "what committed is counted"
+    assert_gapless_and_once(job)
+
+
+def test_interleaved_recorders_number_one_sequence_and_their_snapshots_count_on_without_recounting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two shards' recorders (here two in one process) store batches in turn: each snapshot counts every batch."""
+    job = create_job("counter", {"strategy": "occ", "writers": 2, "increments": 1})
+    spec = program("counter")
+    recounts: list[int] = []
+    from_store = RunningTotals.from_store.__func__  # type: ignore[attr-defined]
+
+    def counted_recount(cls: type[RunningTotals], job_id: int, upto: int, figures: Any) -> RunningTotals:
+        recounts.append(upto)
+        return from_store(cls, job_id, upto, figures)
+
+    monkeypatch.setattr(RunningTotals, "from_store", classmethod(counted_recount))
+    recorders = []
+    for _ in range(2):
+        snapshots = Snapshotter(job.pk, spec.figures, lambda: State())
+        recorder = EventRecorder(job.pk, snapshot=snapshots.take)
+        recorder.interleaved = True
+        recorders.append(recorder)
+    for round_number in range(1, 21):
+        for actor, recorder in enumerate(recorders, start=1):
+            for _ in range(round_number):  # batches of different lengths
+                recorder.record(actor, round_number, 1, "read", duration_ms=1.0)
+            recorder.record(actor, round_number, 1, "committed", latency_ms=2.0)
+            recorder.flush()
+    job.refresh_from_db()
+    assert job.last_seq == 2 * sum(n + 1 for n in range(1, 21))
+    assert_gapless_and_once(job)
+    assert recounts == [], "each snapshot counted on from the batches stored since its last"
+    last = snapshot_at(job.pk, job.last_seq)
+    assert last is not None
+    recounted = RunningTotals.from_store(job.pk, job.last_seq, spec.figures).snapshot({})
+    assert last["figures"]["committed"] == recounted["committed"] == 40
+    assert last["figures"] == {**recounted, "lost_updates": last["figures"]["lost_updates"]}

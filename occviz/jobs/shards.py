@@ -256,8 +256,8 @@ class Shard:
         if shards[0][5] != Job.Status.RUNNING:
             context.request_stop("ended elsewhere")
             return
-        if not renewed and not mine and not self._ended(shards):
-            context.request_stop("ended elsewhere")  # the coordinator marked this shard stopped
+        if not renewed and not mine:
+            context.request_stop("ended elsewhere")  # the coordinator marked this shard failed or stopped
         timeout = heartbeat_timeout_s()
         for index, runner, status, error, age, _ in shards:
             if index == self.index:
@@ -271,9 +271,6 @@ class Shard:
                     self._fail(context, index, f"shard {index} ({runner}) was stopped: {error}")
             elif status == JobShard.Status.RUNNING and age is not None and float(age) > timeout:
                 self._stale(context, index, runner, float(age))
-
-    def _ended(self, shards: Sequence[tuple[Any, ...]]) -> bool:
-        return any(index == self.index and status in _ENDED for index, _, status, *_ in shards)
 
     @staticmethod
     def _stopping_status(context: JobContext) -> str:

@@ -141,6 +141,11 @@ def create_job(scenario: str, data: dict[str, Any], user: Any = None, *, parent:
     counted the connections its largest part needs (its scenario's `connections`).
     """
     params = program(scenario).clean(data)
+    if "processes" not in params and data.get("processes") not in (None, "", 1, "1"):
+        # Its form has no such field: it cannot spread its actors over processes yet.
+        raise ParamsError(
+            {"processes": [f"A {scenario} job runs in one process for now: only the counter race takes processes."]}
+        )
     with transaction.atomic():
         if parent is None:
             _admit(scenario, params, user)
