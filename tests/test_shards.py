@@ -110,7 +110,9 @@ COUNTER = ["runjob", "counter", "--strategy", "occ", "--rows", "1", "--retry", "
 
 
 @pytest.mark.parametrize("processes", [2, 3])
-def test_a_counter_race_over_several_runjob_processes_is_one_whole_job(start_manage, processes: int) -> None:  # type: ignore[no-untyped-def]
+def test_a_counter_race_over_several_runjob_processes_is_one_whole_job(
+    start_manage, admin_client, processes: int
+) -> None:  # type: ignore[no-untyped-def]
     args = [*COUNTER, "--writers", "6", "--increments", "25", "--think-ms", "1", "--json"]
     one, many = start_manage(*args), start_manage(*args, "--processes", str(processes))
     assert one.wait(120) == 0, output(one)
@@ -143,6 +145,9 @@ def test_a_counter_race_over_several_runjob_processes_is_one_whole_job(start_man
     }
     assert all(0 <= t < 1000 for t in firsts.values()), firsts
     assert JobShard.objects.filter(job=job, status="done").count() == processes
+    # The admin's job page lists its shards.
+    page = admin_client.get(f"/admin/jobs/job/{job.pk}/change/").content.decode()
+    assert all(shard["runner"] in page for shard in shards)
 
 
 def shards_of(job_id: int) -> list[JobShard]:
