@@ -264,7 +264,8 @@ def test_launch_runs_the_shards_on_several_workers_and_a_cancel_stops_them_all(s
     asked = time.monotonic()
     job = wait_for(lambda: Job.objects.filter(pk=job.pk, status__in=Job.FINISHED).first(), 10, "the job to end")
     assert time.monotonic() - asked < 3
-    assert job.status == Job.Status.CANCELLED and job.summary is not None
+    assert (job.status, job.error) == (Job.Status.CANCELLED, ""), job.error
+    assert job.summary is not None
     assert {shard.status for shard in shards_of(job.pk)} <= {"done", "stopped"}
     assert all(shard.finished_at for shard in shards_of(job.pk))
     assert_gapless_and_once(job)

@@ -156,7 +156,7 @@ class JobContext:
         shard = self.shard
         if shard is not None:
             if shard.coordinator:
-                shard.make_rows(len(actors), plan or {})
+                shard.make_rows(len(actors), plan or {}, limit_s)
             numbered = numbered[shard.first - 1 : shard.last]
             shard.start_watch(self)
 
@@ -209,6 +209,8 @@ class JobContext:
             self.recorder.flush()  # the scenario summarizes from the stored events
             if shard is not None:
                 shard.finish(self)
+                if shard.coordinator:
+                    self.elapsed_s = self.recorder.now_ms() / 1000.0  # until the last shard ended
                 # Every shard's batches are stored now: the program reads up to the job's last event.
                 stored = Job.objects.filter(pk=self.job.pk).values_list("last_seq", flat=True).first()
                 self.recorder.last_seq = max(self.recorder.last_seq, stored or 0)

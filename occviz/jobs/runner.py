@@ -316,7 +316,7 @@ def _run_program(runnable: JobProgram, context: JobContext, *, slot: int | None 
             if shard:
                 assert context.shard is not None
                 actors = runnable.shard_actors(context, context.shard.plan)  # type: ignore[attr-defined]
-                context.run_actors(actors)
+                context.run_actors(actors, time_limit_s=context.shard.time_limit_s)
             else:
                 outcome.summary = runnable.run(context)
         except Exception as failure:

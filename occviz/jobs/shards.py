@@ -142,6 +142,8 @@ class Shard:
         self.runner = runner
         self.first = self.last = 0
         self.plan: dict[str, Any] = {}
+        """What the program shares with its shards (the counter's seed)."""
+        self.time_limit_s: float | None = None
         self._context: JobContext | None = None
         self._stop_watch = threading.Event()
         self._watch: threading.Thread | None = None
@@ -154,7 +156,7 @@ class Shard:
 
     # -- the coordinator's rows ----------------------------------------------------------
 
-    def make_rows(self, actors: int, plan: dict[str, Any]) -> None:
+    def make_rows(self, actors: int, plan: dict[str, Any], time_limit_s: float) -> None:
         """The coordinator: one row per shard (its own running), then the other shards started."""
         if actors < self.processes:
             raise ValueError(f"{self.processes} processes for {actors} actors: each process runs at least one")
@@ -165,7 +167,7 @@ class Shard:
                 index=index,
                 first_actor=first,
                 last_actor=last,
-                plan=plan,
+                plan={"program": plan, "time_limit_s": time_limit_s},
                 **(
                     {
                         "runner": self.runner,
@@ -182,6 +184,7 @@ class Shard:
         ]
         JobShard.objects.bulk_create(rows)
         self.first, self.last, self.plan = rows[0].first_actor, rows[0].last_actor, plan
+        self.time_limit_s = time_limit_s
         assert self.launch is not None
         for index in range(1, self.processes):
             self.launch(index)
@@ -198,7 +201,8 @@ class Shard:
         if not moved:
             return None
         row = JobShard.objects.get(job_id=self.job_id, index=self.index)
-        self.first, self.last, self.plan = row.first_actor, row.last_actor, dict(row.plan)
+        self.first, self.last = row.first_actor, row.last_actor
+        self.plan, self.time_limit_s = dict(row.plan.get("program") or {}), row.plan.get("time_limit_s")
         return row
 
     # -- the watch -------------------------------------------------------------------------
@@ -383,9 +387,12 @@ class Shard:
         status = self._stopping_status(context) or (
             JobShard.Status.STOPPED if context.stop_reason in ("stopped", "failed", "ended elsewhere") else "done"
         )
-        JobShard.objects.filter(job_id=self.job_id, index=self.index, status=JobShard.Status.RUNNING).update(
-            status=status, error="" if status == "done" else self._why(context), finished_at=timezone.now()
+        mine = JobShard.objects.filter(job_id=self.job_id, index=self.index)
+        mine.filter(status=JobShard.Status.RUNNING).update(
+            status=status, error="" if status == "done" else self._why(context)
         )
+        # Its status may have been said earlier (by its watch, or by the coordinator): it ends now.
+        mine.filter(finished_at=None).update(finished_at=timezone.now())
         if self.coordinator:
             while JobShard.objects.filter(job_id=self.job_id, status=JobShard.Status.RUNNING).exists():
                 time.sleep(0.02)  # the watch ends a shard that stopped renewing its heartbeat
