@@ -377,3 +377,24 @@ def test_interleaved_recorders_number_one_sequence_and_their_snapshots_count_on_
     recounted = RunningTotals.from_store(job.pk, job.last_seq, spec.figures).snapshot({})
     assert last["figures"]["committed"] == recounted["committed"] == 40
     assert last["figures"] == {**recounted, "lost_updates": last["figures"]["lost_updates"]}
+
+
+def test_ctrl_c_to_runjob_cancels_the_job_in_every_shard(start_manage) -> None:  # type: ignore[no-untyped-def]
+    runjob = start_manage(*COUNTER, "--writers", "4", "--seconds", "60", "--think-ms", "2", "--processes", "2")
+    job = wait_for(running_shards(2), timeout=60, what="the job's two shards to run")
+    shard = shards_of(job.pk)[1]
+    runjob.send_signal(signal.SIGINT)
+    asked = time.monotonic()
+    assert runjob.wait(15) == 130, output(runjob)
+    print(f"\n[fault] Ctrl-C to runjob over 2 processes: it exited {time.monotonic() - asked:.2f} s after")
+    assert time.monotonic() - asked < 5
+    assert not alive(shard.pid), "its shard's process ended with it"
+    job.refresh_from_db()
+    assert (job.status, job.error) == (Job.Status.CANCELLED, "")
+    assert {s.status for s in shards_of(job.pk)} == {"stopped"}
+    assert_gapless_and_once(job)
+
+
+def test_bench_refuses_bad_processes(run_manage) -> None:  # type: ignore[no-untyped-def]
+    result = run_manage("bench", "--part", "engine", "--processes", "17")
+    assert result.returncode == 2 and "--processes 1..16" in result.stderr
