@@ -26,12 +26,15 @@ from occviz.jobs.models import Event, EventBatch, Job, JobShard
 from occviz.jobs.reaper import end_stale_jobs
 from occviz.jobs.recorder import EventRecorder
 from occviz.jobs.registry import ParamsError, program
+from occviz.jobs.runner import run_job
 from occviz.jobs.snapshots import Snapshotter, State, snapshot_at
 from occviz.jobs.tasks import connections_needed, create_job, launch
 from occviz.scenarios.counter.scenario import CounterForm
+from occviz.store.models import Counter
 from tests.conftest import ROOT
 from tests.test_live_stream import assert_exactly_once, messages_until_close, session_cookie
 from tests.test_live_stream import socket as page_socket
+from tests.test_outside_writes import OutsideIncrementer
 
 __all__ = ["session_cookie"]  # the fixture, used here by name
 
@@ -398,3 +401,31 @@ def test_ctrl_c_to_runjob_cancels_the_job_in_every_shard(start_manage) -> None: 
 def test_bench_refuses_bad_processes(run_manage) -> None:  # type: ignore[no-untyped-def]
     result = run_manage("bench", "--part", "engine", "--processes", "17")
     assert result.returncode == 2 and "--processes 1..16" in result.stderr
+
+
+def test_outside_writes_to_a_job_over_two_processes_are_its_events_and_no_update_is_lost(  # type: ignore[no-untyped-def]
+    database_url: str, monkeypatch: pytest.MonkeyPatch, alice
+) -> None:
+    """The coordinator follows the API's writes; the writers of both shards race them on the one row."""
+    monkeypatch.setenv("DATABASE_URL", database_url)  # for the runshard child of this process's runner
+    for name, value in CHILD_ENV.items():
+        monkeypatch.setenv(name, value)
+    params = {"strategy": "occ", "writers": 4, "increments": 200, "think_ms": 3, "max_attempts": 50, "processes": 2}
+    job = create_job("counter", params, alice)
+    outside = OutsideIncrementer(job.pk, increments=30, think_s=0.003)
+    outside.start()
+    job = run_job(job.pk, shards="children")
+    outside.join(timeout=60)
+    assert outside.error is None, outside.error
+    summary = job.summary
+    assert job.status == Job.Status.SUCCEEDED, job.error
+    assert summary is not None and summary["invariant_ok"], summary
+    assert [shard["actors"] for shard in summary["shards"]] == [[1, 2], [3, 4]]
+    row = Counter.objects.get(job=job)
+    assert row.value == summary["final_value"] == summary["committed"] + outside.committed
+    assert summary["committed"] + summary["gave_up"] == 4 * 200
+    assert summary["outside_writes"] == outside.committed == 30 and summary["lost_updates"] == 0
+    assert outside.conflicts > 0 and summary["conflicts"] > 0, "the race happened, on both sides"
+    lane = Event.objects.filter(job=job, kind__in=["outside_write", "outside_conflict"])
+    assert {event.actor for event in lane} == {5}, "one lane, after the job's four writers"
+    assert assert_gapless_and_once(job)
