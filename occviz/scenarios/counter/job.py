@@ -10,10 +10,11 @@ from __future__ import annotations
 import random
 import threading
 import time
+import weakref
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 
 from occviz.concurrency.retry import make_policy
 from occviz.concurrency.writer import connected
@@ -48,6 +49,9 @@ def _make_rows(job: Job, params: Mapping[str, Any]) -> dict[int, str]:
 # with the job (its conflicts carry a detail too).
 _outside: dict[int, OutsideTally] = {}
 _outside_lock = threading.Lock()
+# In a process running a shard of a job over several processes (not the coordinator, which records
+# the outside writes): what the stored outside events say, counted on batch by batch, and up to which event.
+_outside_stored: dict[int, tuple[OutsideTally, int]] = {}
 
 
 def writers(context: JobContext, names: Mapping[int, str], seed: int) -> list[Actor]:
@@ -91,7 +95,37 @@ def writers(context: JobContext, names: Mapping[int, str], seed: int) -> list[Ac
 def shard_actors(context: JobContext, plan: Mapping[str, Any]) -> list[Actor]:
     """In a shard of a job over several processes: its writers again, over its rows as the coordinator made them."""
     names = dict(Counter.objects.filter(job_id=context.job.pk).order_by("pk").values_list("pk", "name"))
+    with _outside_lock:
+        _outside_stored[context.job.pk] = (OutsideTally(), 0)
+    # Forgotten with the shard's context, once it has ended.
+    weakref.finalize(context, _forget_stored, context.job.pk)
     return writers(context, names, int(plan["seed"]))
+
+
+def _forget_stored(job_id: int) -> None:
+    with _outside_lock:
+        _outside_stored.pop(job_id, None)
+
+
+def _stored_outside(job_id: int) -> OutsideTally | None:
+    """In a shard's process: the outside events stored so far, counted from where the last look left off.
+
+    Called in the transaction storing a batch, which holds the job row's lock: no other batch lands meanwhile.
+    """
+    with _outside_lock:
+        found = _outside_stored.get(job_id)
+    if found is None:
+        return None
+    tally, after = found
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT coalesce(max(seq_to), 0) FROM jobs_eventbatch WHERE job_id = %s", [job_id])
+        upto = int(cursor.fetchone()[0])
+    if upto > after:
+        tally_outside(job_id, after=after, into=tally)
+        with _outside_lock:
+            if job_id in _outside_stored:
+                _outside_stored[job_id] = (tally, upto)
+    return tally
 
 
 def run(context: JobContext) -> dict[str, Any]:
@@ -173,7 +207,7 @@ def read_state(job_id: int, params: Mapping[str, Any]) -> State:
         running = _outside.get(job_id)
         counted = None if running is None else running.delta + running.erased - running.commits
     if counted is None:
-        outside = tally_outside(job_id)
+        outside = _stored_outside(job_id) or tally_outside(job_id)
         counted = outside.delta + outside.erased - outside.commits
     lost = tally.lost_updates + counted
     return State({"rows": rows}, {"lost_updates": lost})
