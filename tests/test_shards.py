@@ -337,7 +337,7 @@ def test_an_actor_failing_in_one_shard_stops_every_shard_and_fails_the_job_with_
     assert ended_s < 5
     job.refresh_from_db()
     assert job.status == Job.Status.FAILED
-    assert re.match(rf"shard 1 \(runshard:{HOST}:{shard.pid}\) failed: actor [34]: \w+: ", job.error), job.error
+    assert re.match(rf"shard 1 of 2 \(runshard:{HOST}:{shard.pid}\) failed: actor [34]: \w+: ", job.error), job.error
     coordinator, failed = shards_of(job.pk)
     assert (failed.status, coordinator.status) == ("failed", "failed"), "the coordinator failed with it"
     assert failed.error.startswith("actor ") and failed.error in coordinator.error

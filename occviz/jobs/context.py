@@ -199,6 +199,10 @@ class JobContext:
                     timer.start()
                 except (threading.BrokenBarrierError, ShardStopped) as stopped:
                     logger.warning("job %s shard %s: its actors do not start: %s", self.job.pk, shard.index, stopped)
+                except Exception as error:  # PostgreSQL gone at the barrier, say: this shard fails, and so the job
+                    logger.exception("job %s shard %s: at the barrier", self.job.pk, shard.index)
+                    self.errors.append(f"at the barrier: {type(error).__name__}: {error}")
+                    self.request_stop("failed")
                 finally:
                     go.set()
             for thread in threads:

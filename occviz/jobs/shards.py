@@ -267,12 +267,12 @@ class Shard:
             if index == self.index:
                 continue
             if status == JobShard.Status.FAILED:
-                self._fail(context, index, f"shard {index} ({runner}) failed: {error or 'no reason given'}")
+                self._fail(context, index, f"{self._name(index, runner)} failed: {error or 'no reason given'}")
             elif status == JobShard.Status.STOPPED:
                 if error in ("", "cancelled", "stopped", "ended elsewhere", "failed"):
                     context.request_stop("cancelled" if error == "cancelled" else "stopped")
                 else:  # its process was asked to stop (a signal to its worker): the job cannot be whole
-                    self._fail(context, index, f"shard {index} ({runner}) was stopped: {error}")
+                    self._fail(context, index, f"{self._name(index, runner)} was stopped: {error}")
             elif status == JobShard.Status.RUNNING and age is not None and float(age) > timeout:
                 self._stale(context, index, runner, float(age))
 
@@ -284,6 +284,10 @@ class Shard:
         if context.stop.is_set() and context.stop_reason in ("cancelled", "interrupted"):
             return JobShard.Status.STOPPED
         return ""
+
+    def _name(self, index: int, runner: str) -> str:
+        """How the job's error names a shard: "shard 1 of 3 (worker:host:4242)"."""
+        return f"shard {index} of {self.processes} ({runner or 'not claimed'})"
 
     @staticmethod
     def _why(context: JobContext) -> str:
@@ -300,7 +304,7 @@ class Shard:
 
     def _stale(self, context: JobContext, index: int, runner: str, age: float) -> None:
         reason = (
-            f"shard {index} of {self.processes} ({runner}) stopped renewing its heartbeat: "
+            f"{self._name(index, runner)} stopped renewing its heartbeat: "
             f"none for {age:.1f} s (its process died, or lost PostgreSQL)"
         )
         if self.coordinator:
@@ -406,7 +410,7 @@ class Shard:
             job_id=self.job_id, status=JobShard.Status.FAILED
         ).values_list("index", "runner", "error"):
             if index != self.index and error and not any(error in known for known in context.errors):
-                self._fail(context, index, f"shard {index} ({runner}) failed: {error}")
+                self._fail(context, index, f"{self._name(index, runner)} failed: {error}")
 
     def summary(self) -> list[dict[str, Any]]:
         return [
