@@ -429,3 +429,10 @@ def test_outside_writes_to_a_job_over_two_processes_are_its_events_and_no_update
     lane = Event.objects.filter(job=job, kind__in=["outside_write", "outside_conflict"])
     assert {event.actor for event in lane} == {5}, "one lane, after the job's four writers"
     assert assert_gapless_and_once(job)
+
+
+def test_runjob_of_a_scenario_that_cannot_shard_refuses_processes_in_words(run_manage) -> None:  # type: ignore[no-untyped-def]
+    result = run_manage("runjob", "quota", "--processes", "2")
+    assert result.returncode == 2, result.stderr
+    assert "--processes: A quota job runs in one process for now" in result.stderr
+    assert not Job.objects.exists()

@@ -83,6 +83,9 @@ def _add_flags(parser: argparse.ArgumentParser, spec: Scenario) -> None:
         "--preset", metavar="NAME", help=f"start from a preset's parameters; flags given override them ({presets})"
     )
     parser.add_argument("--json", action="store_true", help="print only the summary, as one JSON object")
+    if "processes" not in spec.form_class.base_fields:
+        # Taken only to be refused in words (the job runs in one process): not an unknown flag.
+        parser.add_argument("--processes", dest="processes", help="runs in one process for now", default=None)
 
 
 class Command(BaseCommand):
@@ -105,6 +108,8 @@ class Command(BaseCommand):
                 data[name] = " ".join(map(str, value)) if name in spec.list_params else value
             elif name in spec.headless:
                 data[name] = spec.headless[name]  # a preset's too: nobody can click here
+        if options.get("processes") is not None and "processes" not in spec.form_class.base_fields:
+            data["processes"] = options["processes"]  # refused by create_job, in words
         missing = [
             _flag(name)
             for name, field in spec.form_class.base_fields.items()
