@@ -109,11 +109,13 @@ def run_pgbench(
     think_ms: float = 0.0,
     stop: threading.Event | None = None,
     host: str | None = None,
+    threads: int | None = None,
 ) -> PgbenchRun:
     """pgbench with `clients` clients for `seconds` on counter row `row_id`; PgbenchUnavailable if it cannot run.
 
     `stop`, when set, ends pgbench at once (within a tenth of a second). `host` replaces the
-    database's host (a proxy's socket folder, for a latency).
+    database's host (a proxy's socket folder, for a latency). `threads`: pgbench's -j (default
+    `threads_for(clients)`), at most one per client.
     """
     path = pgbench_path()
     with tempfile.NamedTemporaryFile("w", suffix=".sql", delete=False) as script:
@@ -124,7 +126,7 @@ def run_pgbench(
     try:
         process = subprocess.Popen(
             # -M prepared: the engine's writers prepare their statements too.
-            [path, "-n", "-M", "prepared", "-c", str(clients), "-j", str(threads_for(clients))]
+            [path, "-n", "-M", "prepared", "-c", str(clients), "-j", str(min(clients, threads or threads_for(clients)))]
             + ["-T", str(seconds), "-f", script.name],
             env={**pgbench_env(), **({"PGHOST": host} if host else {})},
             stdout=subprocess.PIPE,

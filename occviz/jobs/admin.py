@@ -11,12 +11,36 @@ from django.db import connection
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from occviz.jobs.models import Event, EventBatch, Job
+from occviz.jobs.models import Event, EventBatch, Job, JobShard
 from occviz.jobs.registry import programs
+
+
+class JobShardInline(admin.TabularInline):
+    """A job over several processes: its shards, where each ran and how it ended (read-only)."""
+
+    model = JobShard
+    extra = 0
+    can_delete = False
+    fields = (
+        "index",
+        "runner",
+        "first_actor",
+        "last_actor",
+        "status",
+        "error",
+        "arrived_at",
+        "heartbeat_at",
+        "finished_at",
+    )
+    readonly_fields = fields
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
 
 
 @admin.register(Job)
 class JobAdmin(admin.ModelAdmin):
+    inlines = [JobShardInline]
     list_display = ["id", "scenario", "tag", "status", "invariant_ok", "created_by", "created_at", "last_seq"]
     list_filter = ["scenario", "status", "invariant_ok"]
     search_fields = ["=id", "scenario", "created_by__username"]

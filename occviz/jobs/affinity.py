@@ -31,17 +31,18 @@ from django.conf import settings
 
 
 @contextmanager
-def one_cpu() -> Iterator[int | None]:
+def one_cpu(slot: int | None = None) -> Iterator[int | None]:
     """Pin this thread, and every thread it starts meanwhile, to one CPU until the block ends.
 
     Yields the CPU, or None where there is nothing to choose (one CPU, pinning off, or
-    no sched_setaffinity). Workers spread over the CPUs by process id.
+    no sched_setaffinity). Workers spread over the CPUs by process id; the shards of one
+    job by `slot` (the job's id plus the shard's index), each on a CPU of its own.
     """
     allowed = os.sched_getaffinity(0) if hasattr(os, "sched_setaffinity") else set()
     if not settings.OCCVIZ_PIN_ACTORS or len(allowed) < 2:
         yield None
         return
-    cpu = sorted(allowed)[os.getpid() % len(allowed)]
+    cpu = sorted(allowed)[(os.getpid() if slot is None else slot) % len(allowed)]
     os.sched_setaffinity(0, {cpu})
     try:
         yield cpu

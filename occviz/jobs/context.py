@@ -21,6 +21,7 @@ from django.utils import timezone
 from occviz.jobs.figures import Totals
 from occviz.jobs.models import Job, JobControl
 from occviz.jobs.recorder import EventRecorder
+from occviz.jobs.shards import Shard, ShardStopped
 from occviz.jobs.snapshots import snapshot_or_empty
 
 logger = logging.getLogger(__name__)
@@ -47,6 +48,8 @@ class JobContext:
         self._control_handler: ControlHandler | None = None
         self._outside_handler: OutsideWriteHandler | None = None
         self._next_actor: Callable[[], int] = lambda: 0
+        self.shard: Shard | None = None
+        """This process's part of a job over several processes (its runner sets it), or None."""
         self.outside_lanes: dict[str, int] = {}
         """Outside writers' lanes: name -> actor number, in the order they first wrote."""
         self._lanes_lock = threading.Lock()
@@ -136,34 +139,89 @@ class JobContext:
             self.stop_reason = reason
             self.stop.set()
 
-    def run_actors(self, actors: Sequence[Actor], *, time_limit_s: float | None = None) -> None:
-        """Run `actors` as threads released by one barrier; return when all have finished."""
+    def run_actors(
+        self, actors: Sequence[Actor], *, time_limit_s: float | None = None, plan: dict[str, Any] | None = None
+    ) -> None:
+        """Run `actors` as threads released by one barrier; return when all have finished.
+
+        In a job over several processes (`shard` set), only this shard's slice of them runs
+        here, and the barrier spans every shard (occviz.jobs.shards). The coordinator makes
+        the shards (they are given `plan`: what the program shares with them, as JSON), and
+        returns once every shard has finished, with all their events stored.
+        """
         limit_s = time_limit_s if time_limit_s is not None else settings.OCCVIZ_MAX_SECONDS
         timer = threading.Timer(limit_s, self.request_stop, ["time limit"])
         timer.daemon = True
+        numbered = list(enumerate(actors, start=1))
+        shard = self.shard
+        if shard is not None:
+            if shard.coordinator:
+                shard.make_rows(len(actors), plan or {}, limit_s)
+            numbered = numbered[shard.first - 1 : shard.last]
+            shard.start_watch(self)
 
         def release() -> None:
             self.recorder.start_clock()
             timer.start()
 
-        barrier = threading.Barrier(len(actors), action=release)
+        ready: Callable[[], object]
+        if shard is None:
+            barrier = threading.Barrier(len(numbered), action=release)
+            ready, abort = barrier.wait, barrier.abort
+        else:
+            # Two steps: this shard's actors connect, then this thread (its connection is the
+            # runner's own) meets the other shards at the barrier in PostgreSQL, then releases them.
+            connected = threading.Barrier(len(numbered) + 1)
+            go, released = threading.Event(), threading.Event()
+
+            def ready_here() -> None:
+                connected.wait()
+                go.wait()
+                if not released.is_set():
+                    raise threading.BrokenBarrierError
+
+            ready = ready_here
+            abort = connected.abort
         threads = [
             threading.Thread(
-                target=self._actor_main, args=(number, actor, barrier), name=f"job-{self.job.pk}-actor-{number}"
+                target=self._actor_main, args=(number, actor, ready, abort), name=f"job-{self.job.pk}-actor-{number}"
             )
-            for number, actor in enumerate(actors, start=1)
+            for number, actor in numbered
         ]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        timer.cancel()
-        self.elapsed_s = self.recorder.now_ms() / 1000.0
-        self.recorder.flush()  # the scenario summarizes from the stored events
-
-    def _actor_main(self, number: int, actor: Actor, barrier: threading.Barrier) -> None:
         try:
-            actor(barrier.wait)
+            for thread in threads:
+                thread.start()
+            if shard is not None:
+                try:
+                    connected.wait()
+                    self.recorder.start_clock(shard.arrive_and_wait(self))
+                    released.set()
+                    timer.start()
+                except (threading.BrokenBarrierError, ShardStopped) as stopped:
+                    logger.warning("job %s shard %s: its actors do not start: %s", self.job.pk, shard.index, stopped)
+                except Exception as error:  # PostgreSQL gone at the barrier, say: this shard fails, and so the job
+                    logger.exception("job %s shard %s: at the barrier", self.job.pk, shard.index)
+                    self.errors.append(f"at the barrier: {type(error).__name__}: {error}")
+                    self.request_stop("failed")
+                finally:
+                    go.set()
+            for thread in threads:
+                thread.join()
+        finally:
+            timer.cancel()
+            self.elapsed_s = self.recorder.now_ms() / 1000.0
+            self.recorder.flush()  # the scenario summarizes from the stored events
+            if shard is not None:
+                shard.finish(self)
+                if shard.coordinator:
+                    self.elapsed_s = self.recorder.now_ms() / 1000.0  # until the last shard ended
+                # Every shard's batches are stored now: the program reads up to the job's last event.
+                stored = Job.objects.filter(pk=self.job.pk).values_list("last_seq", flat=True).first()
+                self.recorder.last_seq = max(self.recorder.last_seq, stored or 0)
+
+    def _actor_main(self, number: int, actor: Actor, ready: Callable[[], object], abort: Callable[[], None]) -> None:
+        try:
+            actor(ready)
         except threading.BrokenBarrierError:
             pass  # another actor failed before the start; its error is the one reported
         except Exception as error:
@@ -171,7 +229,7 @@ class JobContext:
             logger.exception("job %s: %s", self.job.pk, message)
             self.errors.append(message)
             self.recorder.record(number, 0, 0, "error", detail={"message": message})
-            barrier.abort()
+            abort()
             self.request_stop("failed")
         finally:
             connections.close_all()

@@ -218,3 +218,44 @@ class Event(models.Model):
 
     def __str__(self) -> str:
         return f"#{self.seq} actor {self.actor} {self.kind}"
+
+
+class JobShard(models.Model):
+    """One process of a job split over several (`processes` > 1): which actors it runs, where, and how it is.
+
+    Shard 0 is the job's own runner, the coordinator: it runs the program, makes these rows,
+    starts the other shards, releases every shard's actors together once all have arrived
+    (connected), and records the job's end once all have finished. Each shard renews its own
+    heartbeat; a shard that stops renewing it, or fails, stops the others and fails the job.
+    """
+
+    class Status(models.TextChoices):
+        WAITING = "waiting"
+        RUNNING = "running"
+        DONE = "done"
+        FAILED = "failed"
+        STOPPED = "stopped"
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="shards", db_index=False)
+    index = models.PositiveSmallIntegerField(help_text="0: the coordinator, the process that runs the program.")
+    runner = models.CharField(max_length=128, blank=True)
+    pid = models.IntegerField(null=True, blank=True)
+    host = models.CharField(max_length=255, blank=True)
+    first_actor = models.PositiveIntegerField()
+    last_actor = models.PositiveIntegerField()
+    plan = models.JSONField(default=dict, blank=True, help_text="What the program shares with every shard (a seed).")
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.WAITING)
+    error = models.TextField(blank=True)
+    arrived_at = models.DateTimeField(null=True, blank=True, help_text="When its actors had all connected.")
+    released_at = models.DateTimeField(
+        null=True, blank=True, help_text="Shard 0 only: when every shard's actors start, on PostgreSQL's clock."
+    )
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["job", "index"]
+        constraints = [models.UniqueConstraint(fields=["job", "index"], name="jobshard_unique_index")]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} shard {self.index} (actors {self.first_actor}..{self.last_actor}, {self.status})"

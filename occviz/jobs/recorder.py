@@ -124,15 +124,17 @@ class EventRecorder:
         self.on_controls: Callable[[], None] = lambda: None
         self.controls_seen = 0
         self.listeners: list[FlushListener] = []
+        self.interleaved = False
+        """Other recorders store batches of the same job (its other shards): the numbers jump between ours."""
         self._queue: deque[tuple[Any, ...]] = deque()
         self._t0 = time.perf_counter()
         self._stop = threading.Event()
         self._flush_lock = threading.Lock()  # the flusher thread, and a caller that needs everything stored now
         self._thread = threading.Thread(target=self._run, name=f"job-{job_id}-flusher", daemon=True)
 
-    def start_clock(self) -> None:
-        """Event times are measured from here: the moment the actors are released."""
-        self._t0 = time.perf_counter()
+    def start_clock(self, at: float | None = None) -> None:
+        """Event times are measured from here (or `at`, on perf_counter's clock): when the actors are released."""
+        self._t0 = time.perf_counter() if at is None else at
 
     def now_ms(self) -> float:
         return (time.perf_counter() - self._t0) * 1000.0
@@ -264,7 +266,7 @@ class EventRecorder:
             self.on_controls()
         if not recorded:
             return
-        if seq_from != self.last_seq + 1:
+        if seq_from != self.last_seq + 1 and not self.interleaved:
             logger.warning(
                 "job %s: events %d..%d were lost with the database's last commits; the store goes on from %d",
                 self.job_id,

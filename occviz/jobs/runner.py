@@ -30,9 +30,10 @@ from django.utils import timezone
 
 from occviz.jobs.affinity import one_cpu, quick_handoffs
 from occviz.jobs.context import JobContext
-from occviz.jobs.models import Job
+from occviz.jobs.models import Job, JobShard
 from occviz.jobs.recorder import EventRecorder
-from occviz.jobs.registry import JobProgram, observers_for, program
+from occviz.jobs.registry import JobObserver, JobProgram, observers_for, program
+from occviz.jobs.shards import ChildShards, Shard, processes_of
 from occviz.jobs.snapshots import Snapshotter
 
 logger = logging.getLogger(__name__)
@@ -139,15 +140,8 @@ def _failure(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}\n\n{traceback.format_exc()}"
 
 
-def run_job(job_id: int, *, runner: str | None = None) -> Job:
-    """Run a queued job to its end, renewing its heartbeat while it runs; returns it in its final state.
-
-    `runner` names this process on the job row (default: `runner_id("worker")`).
-    """
-    job = Job.objects.get(pk=job_id)
-    if not _start(job, runner or runner_id("worker")):
-        return job
-    runnable = program(job.scenario)
+def _recording(job: Job, runnable: JobProgram) -> tuple[JobContext, list[JobObserver]]:
+    """A context for running `job` here: its recorder, taking snapshots, told to its observers."""
     params = dict(job.params)
     snapshots = Snapshotter(
         job.pk, runnable.figures, lambda: runnable.read_state(job.pk, params), last_seq=job.last_seq
@@ -155,7 +149,33 @@ def run_job(job_id: int, *, runner: str | None = None) -> Job:
     recorder = EventRecorder(job.pk, last_seq=job.last_seq, snapshot=snapshots.take)
     observers = observers_for(job)
     recorder.listeners.extend(observer.stored for observer in observers)
-    context = JobContext(job, recorder)
+    return JobContext(job, recorder), observers
+
+
+def run_job(job_id: int, *, runner: str | None = None, shards: str = "tasks") -> Job:
+    """Run a queued job to its end, renewing its heartbeat while it runs; returns it in its final state.
+
+    `runner` names this process on the job row (default: `runner_id("worker")`). A job over
+    several processes starts its other shards as `shards` says: "tasks" for any worker to
+    claim, or "children", processes of this one (runjob's way).
+    """
+    job = Job.objects.get(pk=job_id)
+    if not _start(job, runner or runner_id("worker")):
+        return job
+    runnable = program(job.scenario)
+    context, observers = _recording(job, runnable)
+    recorder = context.recorder
+    processes = processes_of(job.params)
+    children: ChildShards | None = None
+    launch: Callable[[int], None]
+    if processes > 1:
+        if shards == "children":
+            children = ChildShards(job.pk)
+            launch = children.launch
+        else:
+            launch = _enqueue_shard(job.pk)
+        context.shard = Shard(job, 0, processes, launch=launch, launch_kind=shards, runner=job.runner)
+        recorder.interleaved = True
     heartbeat = Heartbeat(job.pk, job.runner, on_lost=lambda: context.request_stop("ended elsewhere"))
     with _running_lock:
         _running[job.pk] = context
@@ -169,6 +189,8 @@ def run_job(job_id: int, *, runner: str | None = None) -> Job:
         heartbeat.stop()
         with _running_lock:
             _running.pop(job.pk, None)
+        if children is not None:
+            children.reap()
     status = outcome.status(context)
     summary = outcome.summary
     if summary is not None:
@@ -182,6 +204,8 @@ def run_job(job_id: int, *, runner: str | None = None) -> Job:
             "stopped_by": context.stop_reason or None,
             "events": recorder.last_seq,
         }
+        if context.shard is not None:
+            summary.update(processes=processes, shards=context.shard.summary())
     # Not last_seq: the recorder moves it with each stored batch, in the same transaction, so the
     # row has it right even when PostgreSQL lost the last batches in a crash.
     _record_end(
@@ -200,6 +224,49 @@ def run_job(job_id: int, *, runner: str | None = None) -> Job:
     if outcome.interrupted is not None:
         raise outcome.interrupted
     return job
+
+
+def _enqueue_shard(job_id: int) -> Callable[[int], None]:
+    def enqueue(index: int) -> None:
+        from occviz.jobs.tasks import run_shard_task  # tasks.py imports this module
+
+        run_shard_task.enqueue(job_id, index)
+
+    return enqueue
+
+
+def run_shard(job_id: int, index: int, *, runner: str | None = None) -> str:
+    """Run shard `index` of a job over several processes: its slice of the actors, to the job's end.
+
+    Returns how the shard ended (its JobShard status), or "not run" if its row was not
+    waiting for it (the job failed at the barrier, or another process took it).
+    """
+    job = Job.objects.get(pk=job_id)
+    shard = Shard(job, index, processes_of(job.params), runner=runner or runner_id("worker"))
+    if job.status != Job.Status.RUNNING or shard.claim() is None:
+        logger.info("job %s shard %s: not waiting for a process, not running it", job_id, index)
+        return "not run"
+    runnable = program(job.scenario)
+    context, _ = _recording(job, runnable)
+    context.shard = shard
+    context.recorder.interleaved = True
+    context.recorder.on_controls = lambda: None  # the coordinator delivers the job's controls
+    with _running_lock:
+        _running[job.pk] = context
+        if _stopping_reason is not None:
+            context.request_stop(_stopping_reason)
+    try:
+        outcome = _run_program(runnable, context, slot=job.pk + index, shard=True)
+    finally:
+        with _running_lock:
+            _running.pop(job.pk, None)
+    if outcome.error and not context.errors:
+        # Failed before its actors ran (rebuilding them): the other shards stop on seeing it.
+        context.errors.append(outcome.error.split("\n", 1)[0])
+        shard.finish(context)
+    if outcome.interrupted is not None:
+        raise outcome.interrupted
+    return JobShard.objects.filter(job_id=job_id, index=index).values_list("status", flat=True).first() or ""
 
 
 def _start(job: Job, runner: str) -> bool:
@@ -234,14 +301,24 @@ class Outcome:
         return Job.Status.SUCCEEDED
 
 
-def _run_program(runnable: JobProgram, context: JobContext) -> Outcome:
-    """Run the program with its recorder flushing, to whatever end; everything recorded is stored after."""
+def _run_program(runnable: JobProgram, context: JobContext, *, slot: int | None = None, shard: bool = False) -> Outcome:
+    """Run the program with its recorder flushing, to whatever end; everything recorded is stored after.
+
+    `shard`: run only this shard's actors, rebuilt by the program's `shard_actors` (it summarizes nothing).
+    """
     outcome = Outcome()
+    if slot is None and context.shard is not None:
+        slot = context.job.pk  # each shard of a job on a CPU of its own
     # The flusher and the actors start inside: pinned, they inherit the one CPU.
-    with one_cpu(), quick_handoffs():
+    with one_cpu(slot), quick_handoffs():
         context.recorder.start()
         try:
-            outcome.summary = runnable.run(context)
+            if shard:
+                assert context.shard is not None
+                actors = runnable.shard_actors(context, context.shard.plan)  # type: ignore[attr-defined]
+                context.run_actors(actors, time_limit_s=context.shard.time_limit_s)
+            else:
+                outcome.summary = runnable.run(context)
         except Exception as failure:
             outcome.error = _failure(failure)
             logger.exception("job %s failed", context.job.pk)

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
-from django.db import transaction
+from django.db import connection, transaction
 
 from occviz.jobs.figures import Figure, RunningTotals, Totals
 from occviz.jobs.models import EventBatch
@@ -50,8 +50,10 @@ class Snapshotter:
     """Takes a running job's snapshot after each batch: its figures counted on, its state read now.
 
     Called by the recorder inside the transaction that stores the batch. The totals follow
-    the stored sequence: when a batch was not stored after all (PostgreSQL restarting) or a
-    job resumes, they are recounted from what the store holds before the next batch.
+    the stored sequence: the batches other processes stored in between (the shards of a job
+    over several processes interleave theirs) are counted on from the store, batch by batch;
+    when a batch was not stored after all (PostgreSQL restarting) or a job resumes, the
+    totals are recounted from what the store holds before the next batch.
     """
 
     def __init__(
@@ -66,13 +68,39 @@ class Snapshotter:
 
     def take(self, seq_to: int, columns: Columns) -> Snapshot:
         before = seq_to - len(columns["kind"])
-        if self._counted != before:
+        if self._counted is None or self._counted > before or not self._catch_up(before):
             self._totals = RunningTotals.from_store(self.job_id, before, self.figures)
         self._totals.add_columns(columns)
         self._counted = seq_to
         state = self._state()
         figures = self._totals.snapshot(state.figures)
         return {"seq": seq_to, "t_ms": figures["elapsed_ms"], "figures": figures, "state": state.data}
+
+    def _catch_up(self, before: int) -> bool:
+        """Count the stored batches after what the totals count, up to `before`; False if they leave a gap.
+
+        Their rows are committed: this batch's transaction waited for theirs on the job row's lock.
+        """
+        counted = self._counted
+        assert counted is not None
+        if counted == before:
+            return True
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT seq_from, seq_to, kind, duration_us, latency_us, t_us FROM jobs_eventbatch "
+                "WHERE job_id = %s AND seq_to > %s AND seq_to <= %s ORDER BY seq_to",
+                [self.job_id, counted, before],
+            )
+            batches = cursor.fetchall()
+        for seq_from, seq_to, *_ in batches:
+            if seq_from != counted + 1:
+                return False
+            counted = seq_to
+        if counted != before:
+            return False
+        for _, _, kind, duration_us, latency_us, t_us in batches:
+            self._totals.add_columns({"kind": kind, "duration_us": duration_us, "latency_us": latency_us, "t_us": t_us})
+        return True
 
     def _state(self) -> State:
         try:

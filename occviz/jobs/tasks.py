@@ -20,11 +20,15 @@ from django.tasks import task
 
 from occviz.jobs.models import Job
 from occviz.jobs.registry import ParamsError, program
-from occviz.jobs.runner import run_job
+from occviz.jobs.runner import run_job, run_shard
+from occviz.jobs.shards import processes_of
 
 # Beyond its actors' sessions, a running job holds the runner's own connection, the event
 # recorder's flusher's and the heartbeat's.
 RUNNER_CONNECTIONS = 3
+# A job over several processes holds, in each of its shards, the shard's own, its flusher's, and its
+# watch's (the coordinator's heartbeat besides).
+SHARD_CONNECTIONS = 3
 # pg_advisory_xact_lock's key for admitting jobs (any constant no other code uses).
 _ADMISSION_LOCK = 0x6F6363_6A6F62  # "occjob"
 _ACTIVE = (Job.Status.QUEUED, Job.Status.RUNNING)
@@ -45,9 +49,17 @@ def run_job_task(job_id: int) -> str:
     return run_job(job_id).status
 
 
+@task
+def run_shard_task(job_id: int, index: int) -> str:
+    """Shard `index` of a job over several processes, for any worker to claim (occviz.jobs.shards)."""
+    return run_shard(job_id, index)
+
+
 def connections_needed(scenario: str, params: dict[str, Any]) -> int:
     """The database connections a job of `scenario` with these cleaned parameters holds while it runs."""
-    return program(scenario).connections(params) + RUNNER_CONNECTIONS
+    processes = processes_of(params)
+    shards = 0 if processes == 1 else SHARD_CONNECTIONS * processes - 2  # the coordinator's runner already counted
+    return program(scenario).connections(params) + RUNNER_CONNECTIONS + shards
 
 
 def connection_budget() -> int:
@@ -129,6 +141,11 @@ def create_job(scenario: str, data: dict[str, Any], user: Any = None, *, parent:
     counted the connections its largest part needs (its scenario's `connections`).
     """
     params = program(scenario).clean(data)
+    if "processes" not in params and data.get("processes") not in (None, "", 1, "1"):
+        # Its form has no such field: it cannot spread its actors over processes yet.
+        raise ParamsError(
+            {"processes": [f"A {scenario} job runs in one process for now: only the counter race takes processes."]}
+        )
     with transaction.atomic():
         if parent is None:
             _admit(scenario, params, user)

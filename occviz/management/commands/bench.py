@@ -87,6 +87,13 @@ class Command(BaseCommand):
         parser.add_argument(
             "--part", nargs="+", choices=["all", *PARTS], default=["all"], help="the parts to run (default: all)"
         )
+        parser.add_argument(
+            "--processes",
+            type=int,
+            default=None,
+            help="engine: run the job over this many processes (at most one per writer), and pgbench with as "
+            "many threads (-j); default: one process, pgbench with a thread per core",
+        )
         parser.add_argument("--json", action="store_true", help="print the figures as JSON")
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -106,12 +113,13 @@ class Command(BaseCommand):
             and 1 <= options["students"] <= 200
             and 0 <= options["students_pressing"] <= options["students"]
             and 2 <= options["students_seconds"] <= 120
+            and (options["processes"] is None or 1 <= options["processes"] <= 16)
         ):
             raise CommandError(
                 "--writers 1..64, --seconds 1..120, --rounds 1..10, --viewers and --pages 1..500, "
                 "--failover-runs 1..200, --watches 1..500, --class-sockets 1..1000, "
                 "--class-reopen 0..--class-sockets, --class-seconds 4..120, --class-web-processes 1..8, "
-                "--students 1..200, --students-pressing 0..--students, --students-seconds 2..120",
+                "--students 1..200, --students-pressing 0..--students, --students-seconds 2..120, --processes 1..16",
                 returncode=2,
             )
         parts = PARTS if "all" in options["part"] else [part for part in PARTS if part in options["part"]]
@@ -119,7 +127,7 @@ class Command(BaseCommand):
         apply_migrations()
         figures: dict[str, Any] = {}
         if "engine" in parts:
-            figures["engine"] = self._engine(writers, seconds, rounds)
+            figures["engine"] = self._engine(writers, seconds, rounds, options["processes"])
         from occviz.bench.streaming import JOB_PAGE_QUERY, streaming_bench
 
         queries = {"streaming": "", "browser": JOB_PAGE_QUERY}
@@ -162,8 +170,9 @@ class Command(BaseCommand):
             return
         if "engine" in figures:
             engine = figures["engine"]
+            over = f", the job over {engine['processes']} processes" if engine["processes"] else ""
             self.stdout.write(
-                f"\nEngine: one hot row, {writers} concurrent writers, {seconds:g} s a run, {rounds} rounds\n"
+                f"\nEngine: one hot row, {writers} concurrent writers{over}, {seconds:g} s a run, {rounds} rounds\n"
                 f"  pgbench (same read + compare-and-swap): {_list(engine['pgbench_commits_per_s'])} commits/s\n"
                 f"  runjob counter --strategy occ:           {_list(engine['runjob_occ_commits_per_s'])} commits/s\n"
                 f"  ratio runjob / pgbench: {_list(engine['ratio_per_round'], '.2f')} "
@@ -253,19 +262,23 @@ class Command(BaseCommand):
             f"p95 {figures['latency_ms']['p95']} ms (target p95 < 250 ms)"
         )
 
-    def _engine(self, writers: int, seconds: float, rounds: int) -> dict[str, Any]:
+    def _engine(self, writers: int, seconds: float, rounds: int, processes: int | None = None) -> dict[str, Any]:
+        """`processes`: the job over that many (no more than its writers), pgbench with as many threads."""
         counter, _ = Counter.objects.get_or_create(namespace="bench", name="pgbench-hot")
         pgbench_rates: list[float] = []
         engine_rates: list[float] = []
+        if processes is not None:
+            processes = min(processes, writers)
         for round_number in range(1, rounds + 1):
-            pgbench_rates.append(self._pgbench(counter.pk, writers, seconds))
-            engine_rates.append(self._runjob(writers, seconds))
+            pgbench_rates.append(self._pgbench(counter.pk, writers, seconds, processes))
+            engine_rates.append(self._runjob(writers, seconds, processes))
             self.stderr.write(
                 f"round {round_number}: pgbench {pgbench_rates[-1]:.0f}/s, runjob occ {engine_rates[-1]:.0f}/s"
             )
         ratios = [engine / reference for engine, reference in zip(engine_rates, pgbench_rates, strict=True)]
         return {
             "writers": writers,
+            "processes": processes,
             "seconds": seconds,
             "pgbench_commits_per_s": [round(rate, 1) for rate in pgbench_rates],
             "runjob_occ_commits_per_s": [round(rate, 1) for rate in engine_rates],
@@ -274,17 +287,18 @@ class Command(BaseCommand):
             "target": 0.8,
         }
 
-    def _pgbench(self, row_id: int, clients: int, seconds: float) -> float:
+    def _pgbench(self, row_id: int, clients: int, seconds: float, threads: int | None = None) -> float:
         try:
-            return run_pgbench(row_id, clients, round(seconds)).commits_per_s
+            return run_pgbench(row_id, clients, round(seconds), threads=threads).commits_per_s
         except PgbenchUnavailable as error:
             raise CommandError(str(error)) from None
 
-    def _runjob(self, writers: int, seconds: float) -> float:
+    def _runjob(self, writers: int, seconds: float, processes: int | None = None) -> float:
         result = subprocess.run(
             [
                 *(sys.executable, MANAGE, "runjob", "counter", "--strategy", "occ", "--writers", str(writers)),
                 *("--seconds", str(seconds), "--retry", "immediate", "--max-attempts", "1000", "--json"),
+                *(("--processes", str(processes)) if processes else ()),
             ],
             capture_output=True,
             text=True,

@@ -8,7 +8,8 @@ for `think_ms`): the form holds every default, limit and help text, and validate
 the flags say, so the same input gets the same error here as in the browser. `--preset NAME`
 starts from one of the scenario's presets, as its button on the page does. The job is
 recorded like any other (events, summary, admin), but no worker is needed: the actors
-run as threads of this command.
+run as threads of this command (with `--processes N`, of N processes: this one and N - 1
+`runshard` children, released together).
 
 While the job runs, this process renews its heartbeat (`Job.runner` is `runjob:<host>:<pid>`).
 Ctrl-C (SIGINT) or SIGTERM stops the actors within a second and records the job as
@@ -82,6 +83,9 @@ def _add_flags(parser: argparse.ArgumentParser, spec: Scenario) -> None:
         "--preset", metavar="NAME", help=f"start from a preset's parameters; flags given override them ({presets})"
     )
     parser.add_argument("--json", action="store_true", help="print only the summary, as one JSON object")
+    if "processes" not in spec.form_class.base_fields:
+        # Taken only to be refused in words (the job runs in one process): not an unknown flag.
+        parser.add_argument("--processes", dest="processes", help="runs in one process for now", default=None)
 
 
 class Command(BaseCommand):
@@ -104,6 +108,8 @@ class Command(BaseCommand):
                 data[name] = " ".join(map(str, value)) if name in spec.list_params else value
             elif name in spec.headless:
                 data[name] = spec.headless[name]  # a preset's too: nobody can click here
+        if options.get("processes") is not None and "processes" not in spec.form_class.base_fields:
+            data["processes"] = options["processes"]  # refused by create_job, in words
         missing = [
             _flag(name)
             for name, field in spec.form_class.base_fields.items()
@@ -123,7 +129,7 @@ class Command(BaseCommand):
                 )
                 raise CommandError(f"invalid job: {flags}", returncode=2) from None
             reap()  # this process notices dead runners too, as every occviz process does
-            job = run_job(job.pk, runner=runner_id("runjob"))
+            job = run_job(job.pk, runner=runner_id("runjob"), shards="children")
         if stopped_by:
             signum = stopped_by[0]
             if job.summary is not None:

@@ -10,10 +10,11 @@ from __future__ import annotations
 import random
 import threading
 import time
+import weakref
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 
 from occviz.concurrency.latency import Network
 from occviz.concurrency.retry import make_policy
@@ -49,11 +50,14 @@ def _make_rows(job: Job, params: Mapping[str, Any]) -> dict[int, str]:
 # with the job (its conflicts carry a detail too).
 _outside: dict[int, OutsideTally] = {}
 _outside_lock = threading.Lock()
+# In a process running a shard of a job over several processes (not the coordinator, which records
+# the outside writes): what the stored outside events say, counted on batch by batch, and up to which event.
+_outside_stored: dict[int, tuple[OutsideTally, int]] = {}
 
 
-def run(context: JobContext) -> dict[str, Any]:
-    job, params = context.job, context.params
-    names = _make_rows(job, params)
+def writers(context: JobContext, names: Mapping[int, str], seed: int, network: Network) -> list[Actor]:
+    """The job's writers, 1..N, over its rows (`names`: each row's name by id), each `network` away."""
+    params = context.params
     rows = list(names)
     policy = make_policy(
         params["retry"],
@@ -63,7 +67,6 @@ def run(context: JobContext) -> dict[str, Any]:
         cap_ms=params["cap_ms"],
     )
     increment = STRATEGIES[params["strategy"]]
-    seed = params["seed"] if params["seed"] is not None else random.randrange(2**32)
     limit_s = float(params["seconds"] or settings.OCCVIZ_MAX_SECONDS)
     conflict_details = {pk: {"name": name} for pk, name in names.items()}
 
@@ -87,8 +90,60 @@ def run(context: JobContext) -> dict[str, Any]:
 
         return act
 
-    # Each writer's road to the server: direct, or through the job's proxy a latency away (changeable live).
-    network = Network(params.get("latency_ms") or "0", params.get("jitter_ms") or 0.0, seed=seed)
+    return [writer_actor(n) for n in range(1, params["writers"] + 1)]
+
+
+def shard_actors(context: JobContext, plan: Mapping[str, Any]) -> list[Actor]:
+    """In a shard of a job over several processes: its writers again, over its rows as the coordinator made them."""
+    names = dict(Counter.objects.filter(job_id=context.job.pk).order_by("pk").values_list("pk", "name"))
+    with _outside_lock:
+        _outside_stored[context.job.pk] = (OutsideTally(), 0)
+    # Forgotten with the shard's context, once it has ended; its writers' proxies closed then too.
+    weakref.finalize(context, _forget_stored, context.job.pk)
+    network = _network(context.params, int(plan["seed"]))
+    weakref.finalize(context, network.close)
+    return writers(context, names, int(plan["seed"]), network)
+
+
+def _network(params: Mapping[str, Any], seed: int) -> Network:
+    """Each writer's road to the server: direct, or through a proxy of this process a latency away."""
+    return Network(params.get("latency_ms") or "0", params.get("jitter_ms") or 0.0, seed=seed)
+
+
+def _forget_stored(job_id: int) -> None:
+    with _outside_lock:
+        _outside_stored.pop(job_id, None)
+
+
+def _stored_outside(job_id: int) -> OutsideTally | None:
+    """In a shard's process: the outside events stored so far, counted from where the last look left off.
+
+    Called in the transaction storing a batch, which holds the job row's lock: no other batch lands meanwhile.
+    """
+    with _outside_lock:
+        found = _outside_stored.get(job_id)
+    if found is None:
+        return None
+    tally, after = found
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT coalesce(max(seq_to), 0) FROM jobs_eventbatch WHERE job_id = %s", [job_id])
+        upto = int(cursor.fetchone()[0])
+    if upto > after:
+        tally_outside(job_id, after=after, into=tally)
+        with _outside_lock:
+            if job_id in _outside_stored:
+                _outside_stored[job_id] = (tally, upto)
+    return tally
+
+
+def run(context: JobContext) -> dict[str, Any]:
+    job, params = context.job, context.params
+    names = _make_rows(job, params)
+    rows = list(names)
+    seed = params["seed"] if params["seed"] is not None else random.randrange(2**32)
+    limit_s = float(params["seconds"] or settings.OCCVIZ_MAX_SECONDS)
+    # The latency changes live in a job of one process (a shard's proxies are its own).
+    network = _network(params, seed)
     context.on_control(lambda action, actor, seconds: set_latency(context, network, action, seconds))
     lanes, own_rows = iter(range(params["writers"] + 1, 2**31)), set(rows)
     with _outside_lock:
@@ -97,7 +152,7 @@ def run(context: JobContext) -> dict[str, Any]:
         lambda payload: record_outside_write(context, own_rows, payload), next_actor=lanes.__next__
     )
     try:
-        context.run_actors([writer_actor(n) for n in range(1, params["writers"] + 1)], time_limit_s=limit_s)
+        context.run_actors(writers(context, names, seed, network), time_limit_s=limit_s, plan={"seed": seed})
     finally:
         network.close()
     with transaction.atomic():
@@ -119,6 +174,8 @@ def set_latency(context: JobContext, network: Network, action: str, seconds: flo
     """The live page's latency control: every writer's one-way delay from now on (`seconds`, in s)."""
     if action != "latency" or seconds is None:
         raise ValueError(f"unknown control {action!r}")
+    if int(context.params.get("processes") or 1) > 1:
+        raise ValueError("a job over several processes keeps the latency it was launched with")
     network.set_latency(round(seconds * 1000.0, 3))
     context.recorder.record(0, 0, 0, "latency_changed", detail={"latency_ms": network.everyone})
 
@@ -175,7 +232,7 @@ def read_state(job_id: int, params: Mapping[str, Any]) -> State:
         running = _outside.get(job_id)
         counted = None if running is None else running.delta + running.erased - running.commits
     if counted is None:
-        outside = tally_outside(job_id)
+        outside = _stored_outside(job_id) or tally_outside(job_id)
         counted = outside.delta + outside.erased - outside.commits
     lost = tally.lost_updates + counted
     return State({"rows": rows}, {"lost_updates": lost})

@@ -14,6 +14,7 @@ from django.conf import settings
 
 from occviz.concurrency.latency import MAX_LATENCY_MS, format_latencies, parse_latencies
 from occviz.concurrency.retry import LARGEST_FACTOR, LONGEST_WAIT_MS, PRESETS
+from occviz.jobs.shards import MAX_PROCESSES, parse_processes
 from occviz.scenarios.base import (
     ERROR,
     Control,
@@ -34,7 +35,7 @@ from occviz.scenarios.outside import outside_conflict_kind, outside_deleted_kind
 from occviz.store.models import Counter, conflict_message
 
 if TYPE_CHECKING:
-    from occviz.jobs.context import JobContext
+    from occviz.jobs.context import Actor, JobContext
 
 DEFAULT_INCREMENTS = 100
 
@@ -101,9 +102,19 @@ class CounterForm(ScenarioForm):
         label="Jitter (ms)",
         help_text="Each chunk's delay varies within +/- this (in order: none overtakes another).",
     )
+    processes = forms.CharField(
+        required=False,
+        initial="1",
+        max_length=8,
+        help_text=f'The processes its writers are spread over: 1 to {MAX_PROCESSES}, or "auto" (one per core).',
+    )
 
     def clean(self) -> dict[str, Any]:
         data = super().clean()
+        try:
+            data["processes"] = parse_processes(data.get("processes"), data.get("writers"))
+        except ValueError as refused:
+            self.add_error("processes", str(refused))
         if data.get("increments") is not None and data.get("seconds") is not None:
             self.add_error("seconds", "Give increments or seconds, not both.")
         elif data.get("increments") is None and data.get("seconds") is None:
@@ -152,6 +163,7 @@ class CounterRace(Scenario):
         "Locks and isolation": ("lock", "isolation"),
         "Starting point": ("initial_value", "seed"),
         "Network": ("latency_ms", "jitter_ms"),
+        "Processes": ("processes",),
     }
     actor_label = "writer {n}"
     actors_param = "writers"
@@ -422,6 +434,9 @@ class CounterRace(Scenario):
 
     def read_state(self, job_id: int, params: Mapping[str, Any]) -> State:
         return job.read_state(job_id, params)
+
+    def shard_actors(self, context: JobContext, plan: Mapping[str, Any]) -> list[Actor]:
+        return job.shard_actors(context, plan)
 
     def connections(self, params: Mapping[str, Any]) -> int:
         return int(params["writers"])  # each writer has its own session

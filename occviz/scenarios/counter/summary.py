@@ -80,16 +80,19 @@ class OutsideTally:
             self.removed_value += int(detail["removed_value"] or 0)
 
 
-def tally_outside(job_id: int) -> OutsideTally:
-    """Sum the outside events' details (only outside events carry a lane): a few rows, however long the job."""
+def tally_outside(job_id: int, *, after: int = 0, into: OutsideTally | None = None) -> OutsideTally:
+    """Sum the outside events' details (only outside events carry a lane): a few rows, however long the job.
+
+    `after`, `into`: count only the batches after event `after`, on to the tally `into`.
+    """
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT e.d FROM jobs_eventbatch AS b CROSS JOIN LATERAL jsonb_each(b.detail) AS e(k, d) "
-            "WHERE b.job_id = %s AND e.d ? 'lane' ORDER BY b.seq_from, e.k::int",
-            [job_id],
+            "WHERE b.job_id = %s AND b.seq_to > %s AND e.d ? 'lane' ORDER BY b.seq_from, e.k::int",
+            [job_id, after],
         )
         details = [json.loads(d) if isinstance(d, str) else d for (d,) in cursor.fetchall()]
-    tally = OutsideTally()
+    tally = OutsideTally() if into is None else into
     for detail in details:
         tally.add(detail)
     return tally
