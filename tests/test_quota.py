@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.db import connection
 from django.test import Client
 
 from occviz.jobs.models import Event, Job
@@ -186,12 +187,13 @@ def test_the_resync_races_admissions_without_over_admitting() -> None:
 def test_a_resync_never_releases_a_charge_whose_create_is_under_way() -> None:
     job = Job.objects.create(scenario="quota", params={})
     quota = ResourceQuota.objects.create(namespace="race", name="gpu-quota", hard={RESOURCE: 1}, used={RESOURCE: 0})
-    ledger = ChargeLedger(hard=1)
+    ledger = ChargeLedger(job.pk, quota.pk, hard=1)
     recorder = EventRecorder(job.pk)
     admission = Admission(
         job_id=job.pk, namespace="race", quota_id=quota.pk, pods=1, request=1, think_ms=0, failure_rate=0.0, seed=1,
         recorder=recorder, stop=threading.Event(), ledger=ledger,
     )  # fmt: skip
+    admission.make()
     controller = QuotaController(admission, resync_s=1.0, until_repaired=False)
     # Charged, its pod not yet written: the recalculation counts it, so nobody takes its GPU.
     with ledger.charging():
@@ -218,22 +220,29 @@ def test_a_resync_counts_the_pods_the_admin_recalculation_counts() -> None:
     Pod.objects.create(namespace="race", name="failed", requests={RESOURCE: 1}, phase="Failed")
     admission = Admission(
         job_id=job.pk, namespace="race", quota_id=quota.pk, pods=1, request=1, think_ms=0, failure_rate=0.0, seed=1,
-        recorder=EventRecorder(job.pk), stop=threading.Event(), ledger=ChargeLedger(hard=4),
+        recorder=EventRecorder(job.pk), stop=threading.Event(), ledger=ChargeLedger(job.pk, quota.pk, hard=4),
     )  # fmt: skip
+    admission.make()
     QuotaController(admission, resync_s=1.0, until_repaired=False).resync()
     assert read_quota(quota.pk).used == 3 == store_admission.recount("race", [RESOURCE])[RESOURCE]
 
 
 def test_a_resync_waits_for_a_charge_being_written() -> None:
-    ledger = ChargeLedger(hard=1)
+    job = Job.objects.create(scenario="quota", params={})
+    quota = ResourceQuota.objects.create(namespace="race", name="gpu-quota", hard={RESOURCE: 1}, used={RESOURCE: 0})
+    ledger = ChargeLedger(job.pk, quota.pk, hard=1)
+    ledger.make()
     entered = threading.Event()
     release = threading.Event()
 
     def admission() -> None:
-        with ledger.charging():
-            entered.set()
-            release.wait(5)
-            ledger.charged("pod-1", 1)
+        try:
+            with ledger.charging():
+                entered.set()
+                release.wait(5)
+                ledger.charged("pod-1", 1)
+        finally:
+            connection.close()
 
     writer = threading.Thread(target=admission)
     writer.start()
@@ -241,8 +250,11 @@ def test_a_resync_waits_for_a_charge_being_written() -> None:
     seen: list[dict[str, int]] = []
 
     def snapshot() -> None:
-        with ledger.snapshot() as pending:
-            seen.append(pending)
+        try:
+            with ledger.snapshot() as pending:
+                seen.append(pending)
+        finally:
+            connection.close()
 
     reader = threading.Thread(target=snapshot)
     reader.start()

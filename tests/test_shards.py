@@ -217,8 +217,8 @@ def test_bad_processes_are_refused_clearly_and_nothing_is_made(run_manage) -> No
     form = CounterForm(data=base)
     assert form.is_valid() and form.cleaned_data["processes"] == 1
     # A scenario that cannot spread its actors yet says so.
-    with pytest.raises(ParamsError, match="A quota job runs in one process for now"):
-        create_job("quota", {"processes": "2"})
+    with pytest.raises(ParamsError, match="A anomalies job runs in one process for now"):
+        create_job("anomalies", {"processes": "2"})
     result = run_manage(*COUNTER, "--writers", "2", "--increments", "5", "--processes", "17")
     assert result.returncode == 2 and "--processes: A job runs in 1 to 16 processes, not 17." in result.stderr
     assert not Job.objects.exists()
@@ -436,7 +436,7 @@ def test_outside_writes_to_a_job_over_two_processes_are_its_events_and_no_update
 
 
 def test_runjob_of_a_scenario_that_cannot_shard_refuses_processes_in_words(run_manage) -> None:  # type: ignore[no-untyped-def]
-    result = run_manage("runjob", "quota", "--processes", "2")
+    result = run_manage("runjob", "anomalies", "--processes", "2")
     assert result.returncode == 2, result.stderr
-    assert "--processes: A quota job runs in one process for now" in result.stderr
+    assert "--processes: A anomalies job runs in one process for now" in result.stderr
     assert not Job.objects.exists()

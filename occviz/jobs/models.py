@@ -259,3 +259,23 @@ class JobShard(models.Model):
 
     def __str__(self) -> str:
         return f"job {self.job_id} shard {self.index} (actors {self.first_actor}..{self.last_actor}, {self.status})"
+
+
+class JobShared(models.Model):
+    """A value the actors of one job share, whichever process each runs in: a count, or an entry of a set or a log.
+
+    A job's actors in several processes (its shards) cannot share memory: what they contend
+    on besides their objects (the next pod to create, the charges under way, the writes to
+    replay) lives here, one row per `name`, changed by single statements (occviz.jobs.shared).
+    """
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="shared", db_index=False)
+    name = models.CharField(max_length=64)
+    number = models.BigIntegerField(default=0)
+    data = models.JSONField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["job", "name"], name="jobshared_unique_name")]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} {self.name} = {self.number}"

@@ -144,7 +144,7 @@ def create_job(scenario: str, data: dict[str, Any], user: Any = None, *, parent:
     if "processes" not in params and data.get("processes") not in (None, "", 1, "1"):
         # Its form has no such field: it cannot spread its actors over processes yet.
         raise ParamsError(
-            {"processes": [f"A {scenario} job runs in one process for now: only the counter race takes processes."]}
+            {"processes": [f"A {scenario} job runs in one process for now: its actors share what is in its memory."]}
         )
     with transaction.atomic():
         if parent is None:

@@ -17,7 +17,7 @@ from typing import Any
 from occviz.concurrency.retry import RETRY, with_retries
 from occviz.concurrency.writer import ActorContext
 from occviz.scenarios.controllers.deployment import COLUMNS, FIELDS, OwnedField
-from occviz.scenarios.controllers.history import History
+from occviz.scenarios.controllers.history import Acknowledge
 from occviz.store.cas import swap_for
 from occviz.store.models import Deployment
 
@@ -35,7 +35,7 @@ class Controller:
     owned: OwnedField
     row: int
     controllers: int
-    history: History
+    history: Acknowledge
     blind: bool
 
     def get(self, op: int, attempt: int) -> tuple[int, dict[str, Any]]:

@@ -10,6 +10,13 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
+
+
+class Acknowledge(Protocol):
+    """Where a controller hands each acknowledged write: the history, or the store for it (a job over processes)."""
+
+    def acknowledge(self, actor: int, op: int, version_read: int, version: int, values: tuple[int, ...]) -> None: ...
 
 
 @dataclass(frozen=True)

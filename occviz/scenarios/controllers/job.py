@@ -8,16 +8,20 @@ from what the controllers erased of one another.
 
 from __future__ import annotations
 
+import json
 import random
 import threading
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from django.db import transaction
+from django.db import connection, transaction
 
 from occviz.concurrency.retry import make_policy
 from occviz.concurrency.writer import ActorContext, connected
+from occviz.jobs import shared
 from occviz.jobs.models import Job
+from occviz.jobs.shards import processes_of
 from occviz.scenarios.base import State
 from occviz.scenarios.controllers.actors import Controller
 from occviz.scenarios.controllers.deployment import (
@@ -28,7 +32,7 @@ from occviz.scenarios.controllers.deployment import (
     controller_name,
     initial_content,
 )
-from occviz.scenarios.controllers.history import Erasure, History
+from occviz.scenarios.controllers.history import Acknowledge, Erasure, History
 from occviz.scenarios.controllers.summary import summarize
 from occviz.scenarios.outside import Payload, outside_write
 from occviz.store.models import Deployment
@@ -42,22 +46,13 @@ _running: dict[int, History] = {}
 _running_lock = threading.Lock()
 
 
-def run(context: JobContext) -> dict[str, Any]:
-    job, params = context.job, context.params
+def _controllers(
+    context: JobContext, row: int, seed: int, acknowledging: Callable[[ActorContext], Acknowledge]
+) -> list[Actor]:
+    """The job's controllers, 1..N, on the Deployment `row`; each hands its acknowledged writes to `acknowledging`."""
+    params = context.params
     count = int(params["controllers"])
-    content = initial_content(count)
-    deployment = Deployment.objects.create(namespace=f"job-{job.pk}", name=OBJECT_NAME, job=job, **content)
-    history = History(
-        deployment.resource_version,
-        [owned.get(content) for owned in FIELDS[:count]],
-        on_erased=_recorder_of_erasures(context.recorder, deployment.pk, count, context.outside_lanes),
-    )
-    lanes = iter(range(count + 1, 2**31))
-    context.on_outside_write(
-        lambda payload: record_outside_write(context, deployment.pk, history, payload), next_actor=lanes.__next__
-    )
     policy = make_policy(params["retry"], params.get("max_attempts"))
-    seed = params["seed"] if params.get("seed") is not None else random.randrange(2**32)
     seconds = float(params["seconds"])
     interval_s = 1.0 / float(params["rate_per_s"])
 
@@ -74,16 +69,50 @@ def run(context: JobContext) -> dict[str, Any]:
             with connected(writer):
                 ready()
                 controller = Controller(
-                    writer, FIELDS[number - 1], deployment.pk, count, history, blind=params["strategy"] == "none"
+                    writer, FIELDS[number - 1], row, count, acknowledging(writer), blind=params["strategy"] == "none"
                 )
                 controller.run(seconds, interval_s, context.stop)
 
         return act
 
+    return [controller_actor(n) for n in range(1, count + 1)]
+
+
+def run(context: JobContext) -> dict[str, Any]:
+    job, params = context.job, context.params
+    count = int(params["controllers"])
+    content = initial_content(count)
+    deployment = Deployment.objects.create(namespace=f"job-{job.pk}", name=OBJECT_NAME, job=job, **content)
+    history = History(
+        deployment.resource_version,
+        [owned.get(content) for owned in FIELDS[:count]],
+        on_erased=_recorder_of_erasures(context.recorder, deployment.pk, count, context.outside_lanes),
+    )
+    lanes = iter(range(count + 1, 2**31))
+    context.on_outside_write(
+        lambda payload: record_outside_write(context, deployment.pk, history, payload), next_actor=lanes.__next__
+    )
+    seed = params["seed"] if params.get("seed") is not None else random.randrange(2**32)
+    seconds = float(params["seconds"])
+    follower: AckFollower | None = None
+    acknowledging: Callable[[ActorContext], Acknowledge] = lambda writer: history  # noqa: E731
+    if processes_of(params) > 1:
+        # Controllers in other processes: every acknowledged write goes through PostgreSQL, followed here.
+        follower = AckFollower(job.pk, history)
+        acknowledging = lambda writer: StoredAcks(job.pk, writer)  # noqa: E731
+
     with _running_lock:
         _running[job.pk] = history
     try:
-        context.run_actors([controller_actor(n) for n in range(1, count + 1)], time_limit_s=seconds)
+        if follower is not None:
+            follower.start()
+        try:
+            context.run_actors(
+                _controllers(context, deployment.pk, seed, acknowledging), time_limit_s=seconds, plan={"seed": seed}
+            )
+        finally:
+            if follower is not None:
+                follower.stop()  # every shard has ended: each write it acknowledged is stored, and followed now
         with transaction.atomic():
             # The object locked while the last outside writes are handed over: the history then ends where it does.
             list(Deployment.objects.filter(pk=deployment.pk).select_for_update().values_list("pk"))
@@ -94,6 +123,82 @@ def run(context: JobContext) -> dict[str, Any]:
         with _running_lock:
             _running.pop(job.pk, None)
     return summarize(job, params, figures, deployment.pk, history, context.elapsed_s, seed)
+
+
+def shard_actors(context: JobContext, plan: Mapping[str, Any]) -> list[Actor]:
+    """In a shard of a job over several processes: its controllers again, their writes acknowledged in PostgreSQL."""
+    row = Deployment.objects.filter(job_id=context.job.pk, name=OBJECT_NAME).values_list("pk", flat=True).get()
+    job_id = context.job.pk
+    return _controllers(context, row, int(plan["seed"]), lambda writer: StoredAcks(job_id, writer))
+
+
+_ACK = "ack:"
+_LAST_WRITES = "last_writes"
+FOLLOW_INTERVAL_S = 0.01
+
+
+@dataclass
+class StoredAcks:
+    """A controller's acknowledged writes, stored for the coordinator's history (a job over several processes)."""
+
+    job_id: int
+    writer: ActorContext
+
+    def acknowledge(self, actor: int, op: int, version_read: int, version: int, values: tuple[int, ...]) -> None:
+        entry = {"actor": actor, "op": op, "version_read": version_read, "values": list(values)}
+        self.writer.cursor.one(
+            "INSERT INTO jobs_jobshared (job_id, name, number, data) VALUES (%s, %s, %s, CAST(%s AS text)::jsonb)",
+            [self.job_id, f"{_ACK}{version}", version, json.dumps(entry)],
+        )
+
+
+class AckFollower:
+    """The coordinator's: the controllers' stored writes handed to the job's history, in whatever order they land.
+
+    Each write it applied moves the controllers' last writes, published for the live state read in
+    the other processes (`read_state`).
+    """
+
+    def __init__(self, job_id: int, history: History) -> None:
+        self.job_id = job_id
+        self.history = history
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"job-{job_id}-acks", daemon=True)
+        self._published: object = None
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.follow()  # the last writes, stored before their shards ended
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.wait(FOLLOW_INTERVAL_S):
+                self.follow()
+        finally:
+            connection.close()
+
+    def follow(self) -> None:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT number, data FROM jobs_jobshared WHERE job_id = %s AND starts_with(name, %s) "
+                "AND number > %s ORDER BY number",
+                [self.job_id, _ACK, self.history.version],
+            )
+            rows = cursor.fetchall()
+        for version, entry in rows:
+            if version <= self.history.version:
+                continue  # read again while it waited for an earlier version, and applied since: handed over once
+            entry = json.loads(entry) if isinstance(entry, str) else entry
+            values = tuple(entry["values"])
+            self.history.acknowledge(entry["actor"], entry["op"], entry["version_read"], int(version), values)
+        last = self.history.last_writes()
+        if last != self._published:
+            shared.put(self.job_id, _LAST_WRITES, data=last)
+            self._published = last
 
 
 def _recorder_of_erasures(
@@ -173,8 +278,11 @@ def read_state(job_id: int, params: Mapping[str, Any]) -> State:
     with _running_lock:
         history = _running.get(job_id)
     last_writes = history.last_writes() if history is not None else []
+    if history is None and processes_of(params) > 1:
+        # Read in another process of the job than its history's: the last writes it published.
+        last_writes = [tuple(entry) for entry in shared.data(job_id, _LAST_WRITES) or []]
     ended: dict[str, dict[str, Any]] = {}
-    if history is None:
+    if history is None and not last_writes:
         summary = Job.objects.filter(pk=job_id).values_list("summary", flat=True).first() or {}
         ended = {entry["controller"]: entry for entry in summary.get("per_controller", [])}
     rows = []

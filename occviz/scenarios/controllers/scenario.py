@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from django import forms
 
 from occviz.concurrency.retry import PRESETS
+from occviz.jobs.shards import MAX_PROCESSES, parse_processes
 from occviz.scenarios.base import (
     ERROR,
     DecimalNumberField,
@@ -32,7 +33,7 @@ from occviz.scenarios.outside import outside_conflict_kind, outside_deleted_kind
 from occviz.store.models import Deployment, conflict_message
 
 if TYPE_CHECKING:
-    from occviz.jobs.context import JobContext
+    from occviz.jobs.context import Actor, JobContext
 
 MAX_RATE_PER_S = 200
 MAX_THINK_MS = 1000
@@ -72,9 +73,20 @@ class ControllersForm(ScenarioForm):
     )
     max_attempts = WholeNumberField(min_value=1, required=False, help_text="Default: the retry policy's steps.")
     seed = WholeNumberField(required=False, min_value=0, max_value=2**32 - 1, help_text="Seed for the jitter.")
+    processes = forms.CharField(
+        required=False,
+        initial="1",
+        max_length=8,
+        help_text=f'The processes its controllers are spread over: 1 to {MAX_PROCESSES}, or "auto" (one per core).',
+    )
 
     def clean(self) -> dict[str, Any]:
         data = super().clean()
+        if data.get("controllers") is not None:
+            try:
+                data["processes"] = parse_processes(data.get("processes"), data["controllers"])
+            except ValueError as refused:
+                self.add_error("processes", str(refused))
         check_limit(self, "controllers", data.get("controllers"), "OCCVIZ_MAX_WRITERS", "controllers")
         check_limit(self, "seconds", data.get("seconds"), "OCCVIZ_MAX_SECONDS", "seconds")
         check_limit(self, "think_ms", data.get("think_ms"), "OCCVIZ_MAX_THINK_MS", "ms of think time")
@@ -97,6 +109,7 @@ class Controllers(Scenario):
         "Controllers": ("strategy", "controllers", "seconds", "rate_per_s", "think_ms"),
         "Retry on conflict": ("retry", "max_attempts"),
         "Starting point": ("seed",),
+        "Processes": ("processes",),
     }
     actor_label = "controller {n}"
     actors_param = "controllers"
@@ -285,6 +298,9 @@ class Controllers(Scenario):
 
     def read_state(self, job_id: int, params: Mapping[str, Any]) -> State:
         return job.read_state(job_id, params)
+
+    def shard_actors(self, context: JobContext, plan: Mapping[str, Any]) -> list[Actor]:
+        return job.shard_actors(context, plan)
 
     def actor_name(self, number: int) -> str:
         return controller_name(number)

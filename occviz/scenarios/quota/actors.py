@@ -25,11 +25,12 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from django.db import IntegrityError, connection
+from django.db import IntegrityError, connection, transaction
 
+from occviz.jobs import shared
 from occviz.jobs.recorder import EventRecorder
 from occviz.store import admission
 from occviz.store.admission import ADMISSION_RETRIES, QuotaUsage
@@ -92,70 +93,64 @@ def write_used(quota_id: int, version: int, used: int) -> int | None:
 class ChargeLedger:
     """The charged pods whose create is still under way, and the most usage admitted pods ever held.
 
-    Admissions write their charges together (`charging`, shared); the controller's
-    `snapshot` waits for the charges being written to land and holds new ones back while
-    it reads the quota, so every charge in the version it read is either in the ledger,
-    stored, or failed (leaked).
+    In PostgreSQL (occviz.jobs.shared), so admission workers in any of the job's processes
+    keep one ledger. A charge is written holding the quota's shared advisory lock
+    (store.admission.in_flight), the charge and its ledger entry in one transaction; the
+    controller's `snapshot` takes that lock exclusively (store.admission.recalculating): it
+    waits for the charges being written to land and holds new ones back while it reads the
+    quota, so every charge in the version it read is either in the ledger, stored, or failed
+    (leaked).
     """
 
-    def __init__(self, hard: int) -> None:
+    NUMBERS = ("held", "most_held", "stored_units")
+
+    def __init__(self, job_id: int, quota_id: int, hard: int) -> None:
+        self.job_id = job_id
+        self.quota_id = quota_id
         self.hard = hard
-        self._cond = threading.Condition()
-        self._writing = 0
-        self._snapshotting = False
-        self._pending: dict[str, int] = {}
-        self.held = 0
-        """Usage of the admitted pods that exist or are being created: what admission let in."""
-        self.most_held = 0
-        self.stored_units = 0
+
+    def make(self) -> None:
+        """Its counts, at 0 (the job's program, before any admission)."""
+        shared.make(self.job_id, dict.fromkeys(self.NUMBERS, 0))
 
     @contextmanager
     def charging(self) -> Iterator[None]:
-        with self._cond:
-            while self._snapshotting:
-                self._cond.wait()
-            self._writing += 1
-        try:
+        """Inside: a charge's write, and `charged` if it committed, in one transaction."""
+        with admission.in_flight([self.quota_id]), transaction.atomic():
             yield
-        finally:
-            with self._cond:
-                self._writing -= 1
-                if not self._writing:
-                    self._cond.notify_all()
 
     @contextmanager
     def snapshot(self) -> Iterator[dict[str, int]]:
-        """Inside: no charge is being written; yields the pods charged and not yet stored or failed."""
-        with self._cond:
-            self._snapshotting = True
-            try:
-                while self._writing:
-                    self._cond.wait()
-                yield dict(self._pending)
-            finally:
-                self._snapshotting = False
-                self._cond.notify_all()
+        """Inside: no charge is being written, nor an API create under way; yields the pods charged not yet stored."""
+        with admission.recalculating(self.quota_id):
+            yield shared.entries(self.job_id, _PENDING)
 
     def charged(self, pod: str, units: int) -> None:
-        """Called inside `charging`, once the charge committed."""
-        with self._cond:
-            self._pending[pod] = units
-            self.held += units
-            self.most_held = max(self.most_held, self.held)
+        """Called inside `charging`, once the charge's write matched."""
+        shared.put(self.job_id, _PENDING + pod, units)
+        held = shared.add(self.job_id, "held", units)
+        shared.raise_to(self.job_id, "most_held", int(held or 0))
 
     def stored(self, pod: str) -> int:
-        """The pod exists now: the usage of the pods that exist, after it."""
-        with self._cond:
-            self.stored_units += self._pending.pop(pod)
-            return self.stored_units
+        """The pod exists now (in the caller's transaction, with its write): what the pods that exist request."""
+        units = shared.take(self.job_id, _PENDING + pod)
+        return int(shared.add(self.job_id, "stored_units", int(units or 0)) or 0)
 
     def failed(self, pod: str) -> None:
-        with self._cond:
-            self.held -= self._pending.pop(pod)
+        with transaction.atomic():
+            units = shared.take(self.job_id, _PENDING + pod)
+            shared.add(self.job_id, "held", -int(units or 0))
+
+    @property
+    def most_held(self) -> int:
+        return int(shared.number(self.job_id, "most_held") or 0)
 
     @property
     def over_admitted(self) -> int:
         return max(0, self.most_held - self.hard)
+
+
+_PENDING = "pending:"
 
 
 Record = Callable[..., None]
@@ -163,7 +158,11 @@ Record = Callable[..., None]
 
 @dataclass
 class Admission:
-    """What every admission worker shares: the quota, the pods to create, the ledger and the clocks."""
+    """What every admission worker shares: the quota, the pods to create, the ledger and the clocks.
+
+    The pods taken and the workers still at work are counted in PostgreSQL (occviz.jobs.shared):
+    the workers of a job over several processes take from one list of pods.
+    """
 
     job_id: int
     namespace: str
@@ -176,34 +175,33 @@ class Admission:
     recorder: EventRecorder
     stop: threading.Event
     ledger: ChargeLedger
-    _next: int = 0
-    _lock: threading.Lock = field(default_factory=threading.Lock)
-    _working: int = 0
-    done: threading.Event = field(default_factory=threading.Event)
-    """Set when every pod has been admitted or denied (and stored or failed)."""
+
+    def make(self) -> None:
+        """Its counts and its ledger's, at 0 (the job's program, before any worker starts)."""
+        shared.make(self.job_id, {"pods_taken": 0, "working": 0})
+        self.ledger.make()
 
     def take(self) -> int | None:
         """The next pod to create (1..pods), or None when all have been taken."""
-        with self._lock:
-            if self._next >= self.pods or self.stop.is_set():
-                return None
-            self._next += 1
-            return self._next
+        if self.stop.is_set():
+            return None
+        return shared.add(self.job_id, "pods_taken", 1, below=self.pods)
+
+    def done(self) -> bool:
+        """Every pod has been admitted or denied (and stored or failed): no worker in any process is at work."""
+        return shared.number(self.job_id, "working") == 0
 
     def worker(self, actor: int) -> Callable[[Callable[[], object]], None]:
         def act(ready: Callable[[], object]) -> None:
-            with self._lock:
-                self._working += 1
+            # Counted (and so connected) before the barrier: once the actors are released, every worker of
+            # every process is, and connecting is not part of the race.
+            shared.add(self.job_id, "working", 1)
             try:
-                connection.ensure_connection()  # connected before the barrier: connecting is not the race
                 ready()
                 while (number := self.take()) is not None:
                     self.admit(actor, number)
             finally:
-                with self._lock:
-                    self._working -= 1
-                    if not self._working:
-                        self.done.set()
+                shared.add(self.job_id, "working", -1)
 
         return act
 
@@ -281,20 +279,22 @@ class Admission:
             )
             return
         try:
-            Pod.objects.create(
-                namespace=self.namespace,
-                name=pod,
-                requests={RESOURCE: self.request},
-                phase=Pod.Phase.PENDING,
-                job_id=self.job_id,
-            )
+            with transaction.atomic():
+                # The pod and its leaving the ledger in one commit: a resync sees it under way or existing.
+                Pod.objects.create(
+                    namespace=self.namespace,
+                    name=pod,
+                    requests={RESOURCE: self.request},
+                    phase=Pod.Phase.PENDING,
+                    job_id=self.job_id,
+                )
+                actual = self.ledger.stored(pod)
         except IntegrityError:
             # A pod of that name was created over the API meanwhile: AlreadyExists, and the charge leaks.
             self.ledger.failed(pod)
             detail = {"units": self.request, "rate": self.failure_rate, "already_exists": True}
             self.recorder.record(actor, number, attempt, "create_failed", value_written=self.request, detail=detail)
             return
-        actual = self.ledger.stored(pod)
         self.recorder.record(actor, number, attempt, "stored", value_written=actual)
 
 
@@ -315,7 +315,7 @@ class QuotaController:
         stop = self.admission.stop
         next_at = self.resync_s
         while not stop.is_set():
-            if self.until_repaired and self.admission.done.is_set() and self._settled():
+            if self.until_repaired and self.admission.done() and self._settled():
                 return
             wait_s = next_at - (time.perf_counter() - started)
             if wait_s > 0:
@@ -341,9 +341,9 @@ class QuotaController:
         attempt = 0
         while not workers.stop.is_set():
             attempt += 1
-            admitting = not workers.done.is_set()
-            # Creates over the API are waited out (recalculating), the job's own are listed (the ledger).
-            with admission.recalculating(workers.quota_id), workers.ledger.snapshot() as pending:
+            admitting = not workers.done()
+            # Creates over the API are waited out, the job's own are listed (the ledger's snapshot: both).
+            with workers.ledger.snapshot() as pending:
                 quota = read_quota(workers.quota_id)
                 existing = self._existing()
             in_flight = {pod: units for pod, units in pending.items() if pod not in existing}

@@ -31,7 +31,31 @@ from occviz.scenarios.quota.summary import stored, summarize
 from occviz.store.models import ResourceQuota
 
 if TYPE_CHECKING:
-    from occviz.jobs.context import JobContext
+    from occviz.jobs.context import Actor, JobContext
+
+
+def _admission(context: JobContext, quota_id: int, seed: int) -> Admission:
+    job, params = context.job, context.params
+    return Admission(
+        job_id=job.pk,
+        namespace=f"job-{job.pk}",
+        quota_id=quota_id,
+        pods=params["pods"],
+        request=params["request"],
+        think_ms=params["think_ms"],
+        failure_rate=params["create_failure_rate"],
+        seed=seed,
+        recorder=context.recorder,
+        stop=context.stop,
+        ledger=ChargeLedger(job.pk, quota_id, params["hard"]),
+    )
+
+
+def _actors(context: JobContext, admission: Admission) -> list[Actor]:
+    """The quota controller (actor 1), then the admission workers."""
+    params = context.params
+    controller = QuotaController(admission, params["resync_seconds"], until_repaired=params.get("seconds") is None)
+    return [controller.run, *(admission.worker(CONTROLLER + n) for n in range(1, admission_workers(params) + 1))]
 
 
 def run(context: JobContext) -> dict[str, Any]:
@@ -41,34 +65,28 @@ def run(context: JobContext) -> dict[str, Any]:
         namespace=namespace, name=QUOTA_NAME, hard={RESOURCE: params["hard"]}, used={RESOURCE: 0}, job=job
     )
     seed = params["seed"] if params.get("seed") is not None else random.randrange(2**32)
-    ledger = ChargeLedger(params["hard"])
-    admission = Admission(
-        job_id=job.pk,
-        namespace=namespace,
-        quota_id=quota.pk,
-        pods=params["pods"],
-        request=params["request"],
-        think_ms=params["think_ms"],
-        failure_rate=params["create_failure_rate"],
-        seed=seed,
-        recorder=context.recorder,
-        stop=context.stop,
-        ledger=ledger,
-    )
+    admission = _admission(context, quota.pk, seed)
+    admission.make()
     seconds = params.get("seconds")
-    controller = QuotaController(admission, params["resync_seconds"], until_repaired=seconds is None)
-    workers = [admission.worker(CONTROLLER + n) for n in range(1, admission_workers(params) + 1)]
     lanes = iter(range(admission_workers(params) + CONTROLLER + 1, 2**31))
     context.on_outside_write(
         lambda payload: record_outside_write(context, quota.pk, payload), next_actor=lanes.__next__
     )
-    context.run_actors([controller.run, *workers], time_limit_s=float(seconds or settings.OCCVIZ_MAX_SECONDS))
+    context.run_actors(
+        _actors(context, admission), time_limit_s=float(seconds or settings.OCCVIZ_MAX_SECONDS), plan={"seed": seed}
+    )
     with transaction.atomic():
         # The quota locked while the last outside writes are handed over: none lands between them and the summary's.
         list(ResourceQuota.objects.filter(pk=quota.pk).select_for_update().values_list("pk"))
         context.settle_outside_writes()
     context.recorder.flush()
-    return summarize(job.pk, params, ledger, context.elapsed_s, seed)
+    return summarize(job.pk, params, admission.ledger, context.elapsed_s, seed)
+
+
+def shard_actors(context: JobContext, plan: Mapping[str, Any]) -> list[Actor]:
+    """In a shard of a job over several processes: the actors again, over the quota and counts the coordinator made."""
+    quota_id = ResourceQuota.objects.filter(job_id=context.job.pk, name=QUOTA_NAME).values_list("pk", flat=True).get()
+    return _actors(context, _admission(context, quota_id, int(plan["seed"])))
 
 
 def record_outside_write(context: JobContext, quota_id: int, payload: Payload) -> None:

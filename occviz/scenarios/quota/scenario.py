@@ -11,6 +11,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from django import forms
+
+from occviz.jobs.shards import MAX_PROCESSES, parse_processes
 from occviz.scenarios.base import (
     ERROR,
     DecimalNumberField,
@@ -30,7 +33,7 @@ from occviz.store.admission import ADMISSION_RETRIES
 from occviz.store.models import ResourceQuota, conflict_message
 
 if TYPE_CHECKING:
-    from occviz.jobs.context import JobContext
+    from occviz.jobs.context import Actor, JobContext
 
 MAX_PODS = 500
 RESYNC_DEFAULT_S = 300.0
@@ -85,9 +88,20 @@ class QuotaForm(ScenarioForm):
         help_text="Empty: until every pod is decided and any leak has been repaired by a resync.",
     )
     seed = WholeNumberField(required=False, min_value=0, max_value=2**32 - 1, help_text="Seed for the failed creates.")
+    processes = forms.CharField(
+        required=False,
+        initial="1",
+        max_length=8,
+        help_text=f'The processes the controller and the workers are spread over: 1 to {MAX_PROCESSES}, or "auto".',
+    )
 
     def clean(self) -> dict[str, Any]:
         data = super().clean()
+        if data.get("workers") is not None and data.get("pods") is not None:
+            try:  # the controller and the admission workers: the job's actors
+                data["processes"] = parse_processes(data.get("processes"), admission_workers(data) + CONTROLLER)
+            except ValueError as refused:
+                self.add_error("processes", str(refused))
         check_limit(self, "workers", data.get("workers"), "OCCVIZ_MAX_WRITERS", "admission workers")
         check_limit(self, "seconds", data.get("seconds"), "OCCVIZ_MAX_SECONDS", "seconds")
         check_limit(self, "think_ms", data.get("think_ms"), "OCCVIZ_MAX_THINK_MS", "ms of admission time")
@@ -110,6 +124,7 @@ class QuotaRace(Scenario):
         "Pods and quota": ("pods", "hard", "request"),
         "The API server": ("workers", "think_ms", "create_failure_rate"),
         "The quota controller": ("resync_seconds", "seconds", "seed"),
+        "Processes": ("processes",),
     }
     state_keys = ("quota", "actual", "pods", "gap", "bars")
     state_template = "scenarios/quota.html"
@@ -407,6 +422,9 @@ class QuotaRace(Scenario):
 
     def read_state(self, job_id: int, params: Mapping[str, Any]) -> State:
         return job.read_state(job_id, params)
+
+    def shard_actors(self, context: JobContext, plan: Mapping[str, Any]) -> list[Actor]:
+        return job.shard_actors(context, plan)
 
     def actor_names(self, params: Mapping[str, Any]) -> list[str]:
         return [self.actor_name(n) for n in range(1, admission_workers(params) + CONTROLLER + 1)]
