@@ -37,15 +37,6 @@ def add(job_id: int, name: str, amount: int, *, below: int | None = None) -> int
     return None if row is None else int(row[0])
 
 
-def raise_to(job_id: int, name: str, number: int) -> None:
-    """`name` = the greater of its number and `number` (a peak)."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "UPDATE jobs_jobshared SET number = greatest(number, %s) WHERE job_id = %s AND name = %s",
-            [number, job_id, name],
-        )
-
-
 def number(job_id: int, name: str) -> int | None:
     with connection.cursor() as cursor:
         cursor.execute("SELECT number FROM jobs_jobshared WHERE job_id = %s AND name = %s", [job_id, name])
@@ -61,14 +52,6 @@ def put(job_id: int, name: str, number: int = 0, data: Any = None) -> None:
             "ON CONFLICT (job_id, name) DO UPDATE SET number = excluded.number, data = excluded.data",
             [job_id, name, number, None if data is None else json.dumps(data)],
         )
-
-
-def take(job_id: int, name: str) -> int | None:
-    """The entry `name` removed: its number, or None if it was not there."""
-    with connection.cursor() as cursor:
-        cursor.execute("DELETE FROM jobs_jobshared WHERE job_id = %s AND name = %s RETURNING number", [job_id, name])
-        row = cursor.fetchone()
-    return None if row is None else int(row[0])
 
 
 def entries(job_id: int, prefix: str) -> dict[str, int]:
@@ -88,3 +71,33 @@ def data(job_id: int, name: str) -> Any:
     if row is None or row[0] is None:
         return None
     return json.loads(row[0]) if isinstance(row[0], str) else row[0]
+
+
+def move(job_id: int, entry: str, count: str, sign: int) -> int | None:
+    """The entry `entry` removed and its number added to `count` times `sign`, in one statement.
+
+    `count`'s new number, or None if there was no such entry.
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "WITH gone AS (DELETE FROM jobs_jobshared WHERE job_id = %s AND name = %s RETURNING number) "
+            "UPDATE jobs_jobshared SET number = jobs_jobshared.number + %s * gone.number FROM gone "
+            "WHERE job_id = %s AND name = %s RETURNING jobs_jobshared.number",
+            [job_id, entry, sign, job_id, count],
+        )
+        row = cursor.fetchone()
+    return None if row is None else int(row[0])
+
+
+def enter_and_add(job_id: int, entry: str, amount: int, count: str, peak: str) -> None:
+    """The entry `entry` = amount, `count` += amount and `peak` raised to it, in one statement."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "WITH entered AS (INSERT INTO jobs_jobshared (job_id, name, number) VALUES (%s, %s, %s) "
+            "ON CONFLICT (job_id, name) DO UPDATE SET number = excluded.number), "
+            "counted AS (UPDATE jobs_jobshared SET number = number + %s WHERE job_id = %s AND name = %s "
+            "RETURNING number) "
+            "UPDATE jobs_jobshared SET number = greatest(jobs_jobshared.number, counted.number) FROM counted "
+            "WHERE job_id = %s AND name = %s",
+            [job_id, entry, amount, amount, job_id, count, job_id, peak],
+        )

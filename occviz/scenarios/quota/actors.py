@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, connection
 
 from occviz.jobs import shared
 from occviz.jobs.recorder import EventRecorder
@@ -94,12 +94,12 @@ class ChargeLedger:
     """The charged pods whose create is still under way, and the most usage admitted pods ever held.
 
     In PostgreSQL (occviz.jobs.shared), so admission workers in any of the job's processes
-    keep one ledger. A charge is written holding the quota's shared advisory lock
-    (store.admission.in_flight), the charge and its ledger entry in one transaction; the
-    controller's `snapshot` takes that lock exclusively (store.admission.recalculating): it
-    waits for the charges being written to land and holds new ones back while it reads the
-    quota, so every charge in the version it read is either in the ledger, stored, or failed
-    (leaked).
+    keep one ledger. A charge and its ledger entry are written holding the quota's shared
+    advisory lock (store.admission.in_flight), each one statement, the quota's row lock held
+    for the charge alone; the controller's `snapshot` takes that lock exclusively
+    (store.admission.recalculating): it waits for the charges being written to land and holds
+    new ones back while it reads the quota, so every charge in the version it read is either
+    in the ledger, stored, or failed (leaked).
     """
 
     NUMBERS = ("held", "most_held", "stored_units")
@@ -115,8 +115,8 @@ class ChargeLedger:
 
     @contextmanager
     def charging(self) -> Iterator[None]:
-        """Inside: a charge's write, and `charged` if it committed, in one transaction."""
-        with admission.in_flight([self.quota_id]), transaction.atomic():
+        """Inside: a charge's write, and `charged` if it matched."""
+        with admission.in_flight([self.quota_id]):
             yield
 
     @contextmanager
@@ -126,20 +126,15 @@ class ChargeLedger:
             yield shared.entries(self.job_id, _PENDING)
 
     def charged(self, pod: str, units: int) -> None:
-        """Called inside `charging`, once the charge's write matched."""
-        shared.put(self.job_id, _PENDING + pod, units)
-        held = shared.add(self.job_id, "held", units)
-        shared.raise_to(self.job_id, "most_held", int(held or 0))
+        """Called inside `charging`, once the charge's write matched: the pod under way, the usage held."""
+        shared.enter_and_add(self.job_id, _PENDING + pod, units, "held", "most_held")
 
     def stored(self, pod: str) -> int:
-        """The pod exists now (in the caller's transaction, with its write): what the pods that exist request."""
-        units = shared.take(self.job_id, _PENDING + pod)
-        return int(shared.add(self.job_id, "stored_units", int(units or 0)) or 0)
+        """The pod exists now: what the pods that exist request, after it (a resync between counts it once)."""
+        return int(shared.move(self.job_id, _PENDING + pod, "stored_units", 1) or 0)
 
     def failed(self, pod: str) -> None:
-        with transaction.atomic():
-            units = shared.take(self.job_id, _PENDING + pod)
-            shared.add(self.job_id, "held", -int(units or 0))
+        shared.move(self.job_id, _PENDING + pod, "held", -1)
 
     @property
     def most_held(self) -> int:
@@ -279,22 +274,20 @@ class Admission:
             )
             return
         try:
-            with transaction.atomic():
-                # The pod and its leaving the ledger in one commit: a resync sees it under way or existing.
-                Pod.objects.create(
-                    namespace=self.namespace,
-                    name=pod,
-                    requests={RESOURCE: self.request},
-                    phase=Pod.Phase.PENDING,
-                    job_id=self.job_id,
-                )
-                actual = self.ledger.stored(pod)
+            Pod.objects.create(
+                namespace=self.namespace,
+                name=pod,
+                requests={RESOURCE: self.request},
+                phase=Pod.Phase.PENDING,
+                job_id=self.job_id,
+            )
         except IntegrityError:
             # A pod of that name was created over the API meanwhile: AlreadyExists, and the charge leaks.
             self.ledger.failed(pod)
             detail = {"units": self.request, "rate": self.failure_rate, "already_exists": True}
             self.recorder.record(actor, number, attempt, "create_failed", value_written=self.request, detail=detail)
             return
+        actual = self.ledger.stored(pod)
         self.recorder.record(actor, number, attempt, "stored", value_written=actual)
 
 
