@@ -51,8 +51,8 @@ def _durations(job: Job, kind: str, *, field: str = "duration_ms", actor: int | 
 
 def test_a_leader_elections_replicas_each_sit_their_latency_from_the_database() -> None:
     # replica-2 further away than replica-1: each renewal is one compare-and-swap, one round trip.
-    # The first leader is killed at 1 s, so that both lead (and renew) in turn.
-    job = _run("leader-election", **{**ELECTION, "seconds": 4.5, "kill_leader_at": 1}, latency_ms="10 replica-2=25")
+    # The first leader is killed at 1.5 s, so that both lead (and renew) in turn.
+    job = _run("leader-election", **{**ELECTION, "seconds": 5, "kill_leader_at": 1.5}, latency_ms="10 replica-2=25")
     assert job.params["latency_ms"] == "10 2=25"
     summary = job.summary or {}
     assert summary["invariant_ok"], summary["invariant"]
@@ -64,9 +64,10 @@ def test_a_leader_elections_replicas_each_sit_their_latency_from_the_database() 
     }
     writes = {n: _durations(job, "renewed", actor=n) + _durations(job, "acquired", actor=n) for n in (1, 2)}
     assert len(Event.objects.filter(job=job, kind="acquired")) == 2
+    # Never quicker than the round trip; slower by what the replica's own work takes on a busy machine.
     for number, took in writes.items():
         expected = 20.0 if number == 1 else 50.0
-        assert expected <= statistics.median(took) < expected + 10, (number, took)
+        assert expected <= statistics.median(took) < expected + 15, (number, took)
 
 
 def test_a_leader_election_without_a_latency_says_its_replicas_still_go_through_their_proxies() -> None:
@@ -85,6 +86,7 @@ def test_a_quota_races_admissions_go_through_the_proxy() -> None:
     summary = job.summary or {}
     assert (summary["admitted"], summary["over_admitted"], summary["errors"]) == (3, 0, 0)
     assert summary["network"] == {"latency_ms": 15.0, "jitter_ms": 1.0, "proxied": True}
+    assert set(summary["latency_ms"]) == {"p50", "p95", "p99"}  # the admission latency figure, not the parameter
     # An admission reads the quota, then writes it by compare-and-swap: two round trips at least.
     admitted = _durations(job, "admitted", field="latency_ms")
     assert len(admitted) == 3 and min(admitted) >= 4 * 14, admitted
@@ -119,7 +121,7 @@ def test_routed_puts_this_threads_django_connection_behind_the_proxy_and_no_othe
             thread.start()
             thread.join()
         near = round_trip_ms()
-    assert 40 <= far < 50 and other[0] < 10 and near < 10, (far, other, near)
+    assert 40 <= far < 55 and other[0] < 10 and near < 10, (far, other, near)
 
 
 # -- controllers -----------------------------------------------------------------------------------
@@ -131,7 +133,7 @@ def test_a_controller_race_gets_and_writes_through_the_proxy() -> None:
     assert summary["invariant_ok"], summary
     assert summary["network"]["latency_ms_by_actor"] == {"2": 20.0}
     near, far = (statistics.median(_durations(job, "read", actor=n)) for n in (1, 2))
-    assert near < 10 and 40 <= far < 50, (near, far)
+    assert near < 10 and 40 <= far < 55, (near, far)
 
 
 # -- bad values ------------------------------------------------------------------------------------
@@ -249,4 +251,4 @@ def test_the_live_control_changes_the_delay_of_a_running_job(scenario: str, sign
     before = [e.duration_ms for e in Event.objects.filter(job=job, kind=timed, seq__lt=changed.seq)]
     # A statement already on its way when the delay changed may take either: the first after is left out.
     after = [e.duration_ms for e in Event.objects.filter(job=job, kind=timed, seq__gt=changed.seq)][1:]
-    assert statistics.median(before) < 10 and 40 <= statistics.median(after) < 50, (before, after)
+    assert statistics.median(before) < 10 and 40 <= statistics.median(after) < 55, (before, after)
