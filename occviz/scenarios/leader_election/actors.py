@@ -73,7 +73,7 @@ class LeaderElection:
 
     `processes`: each replica runs in a process of its own (ReplicaProcess), else as a thread.
     `network`: the replicas' proxies and the delay they add (occviz.concurrency.latency; by
-    default none), which the election closes when it ends.
+    default proxies with no delay), which the election closes when it ends.
 
     Controls take a replica number (1..R, and more once added) and may be called from any
     thread while the election runs; on an unknown, killed, stopped or ended replica they
