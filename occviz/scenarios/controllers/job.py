@@ -30,6 +30,7 @@ from occviz.scenarios.controllers.deployment import (
 )
 from occviz.scenarios.controllers.history import Erasure, History
 from occviz.scenarios.controllers.summary import summarize
+from occviz.scenarios.network import apply_latency_control, job_network
 from occviz.scenarios.outside import Payload, outside_write
 from occviz.store.models import Deployment
 
@@ -60,6 +61,9 @@ def run(context: JobContext) -> dict[str, Any]:
     seed = params["seed"] if params.get("seed") is not None else random.randrange(2**32)
     seconds = float(params["seconds"])
     interval_s = 1.0 / float(params["rate_per_s"])
+    # Each controller's road to the server: direct, or through the job's proxy a latency away (changeable live).
+    network = job_network(params, seed)
+    context.on_control(lambda action, actor, seconds: apply_latency_control(context, network, action, seconds))
 
     def controller_actor(number: int) -> Actor:
         def act(ready: Callable[[], object]) -> None:
@@ -71,7 +75,7 @@ def run(context: JobContext) -> dict[str, Any]:
                 stop=context.stop,
                 rng=random.Random(seed * 1_000 + number),
             )
-            with connected(writer):
+            with connected(writer, **network.connection(number)):
                 ready()
                 controller = Controller(
                     writer, FIELDS[number - 1], deployment.pk, count, history, blind=params["strategy"] == "none"
@@ -83,7 +87,10 @@ def run(context: JobContext) -> dict[str, Any]:
     with _running_lock:
         _running[job.pk] = history
     try:
-        context.run_actors([controller_actor(n) for n in range(1, count + 1)], time_limit_s=seconds)
+        try:
+            context.run_actors([controller_actor(n) for n in range(1, count + 1)], time_limit_s=seconds)
+        finally:
+            network.close()
         with transaction.atomic():
             # The object locked while the last outside writes are handed over: the history then ends where it does.
             list(Deployment.objects.filter(pk=deployment.pk).select_for_update().values_list("pk"))
@@ -93,7 +100,8 @@ def run(context: JobContext) -> dict[str, Any]:
     finally:
         with _running_lock:
             _running.pop(job.pk, None)
-    return summarize(job, params, figures, deployment.pk, history, context.elapsed_s, seed)
+    summary = summarize(job, params, figures, deployment.pk, history, context.elapsed_s, seed)
+    return {**summary, "network": network.describe()}
 
 
 def _recorder_of_erasures(

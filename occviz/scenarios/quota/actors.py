@@ -30,6 +30,7 @@ from typing import Any
 
 from django.db import IntegrityError, connection
 
+from occviz.concurrency.latency import Network
 from occviz.jobs.recorder import EventRecorder
 from occviz.store import admission
 from occviz.store.admission import ADMISSION_RETRIES, QuotaUsage
@@ -176,6 +177,8 @@ class Admission:
     recorder: EventRecorder
     stop: threading.Event
     ledger: ChargeLedger
+    network: Network = field(default_factory=lambda: Network("0"))
+    """Each actor's connection: direct, or through its proxy a latency away (its thread's Django connection)."""
     _next: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _working: int = 0
@@ -195,10 +198,11 @@ class Admission:
             with self._lock:
                 self._working += 1
             try:
-                connection.ensure_connection()  # connected before the barrier: connecting is not the race
-                ready()
-                while (number := self.take()) is not None:
-                    self.admit(actor, number)
+                with self.network.routed(actor):
+                    connection.ensure_connection()  # connected before the barrier: connecting is not the race
+                    ready()
+                    while (number := self.take()) is not None:
+                        self.admit(actor, number)
             finally:
                 with self._lock:
                     self._working -= 1
@@ -309,8 +313,12 @@ class QuotaController:
     resyncs: int = 0
 
     def run(self, ready: Callable[[], object]) -> None:
-        connection.ensure_connection()
-        ready()
+        with self.admission.network.routed(CONTROLLER):
+            connection.ensure_connection()
+            ready()
+            self._run()
+
+    def _run(self) -> None:
         started = time.perf_counter()
         stop = self.admission.stop
         next_at = self.resync_s

@@ -16,6 +16,7 @@ from django.conf import settings
 from django.db import transaction
 
 from occviz.scenarios.base import State
+from occviz.scenarios.network import apply_latency_control, job_network
 from occviz.scenarios.outside import Payload, outside_write
 from occviz.scenarios.quota.actors import (
     CONTROLLER,
@@ -41,6 +42,9 @@ def run(context: JobContext) -> dict[str, Any]:
         namespace=namespace, name=QUOTA_NAME, hard={RESOURCE: params["hard"]}, used={RESOURCE: 0}, job=job
     )
     seed = params["seed"] if params.get("seed") is not None else random.randrange(2**32)
+    # Each actor's road to the server: direct, or through the job's proxy a latency away (changeable live).
+    network = job_network(params, seed)
+    context.on_control(lambda action, actor, seconds: apply_latency_control(context, network, action, seconds))
     ledger = ChargeLedger(params["hard"])
     admission = Admission(
         job_id=job.pk,
@@ -54,6 +58,7 @@ def run(context: JobContext) -> dict[str, Any]:
         recorder=context.recorder,
         stop=context.stop,
         ledger=ledger,
+        network=network,
     )
     seconds = params.get("seconds")
     controller = QuotaController(admission, params["resync_seconds"], until_repaired=seconds is None)
@@ -62,13 +67,19 @@ def run(context: JobContext) -> dict[str, Any]:
     context.on_outside_write(
         lambda payload: record_outside_write(context, quota.pk, payload), next_actor=lanes.__next__
     )
-    context.run_actors([controller.run, *workers], time_limit_s=float(seconds or settings.OCCVIZ_MAX_SECONDS))
+    try:
+        context.run_actors([controller.run, *workers], time_limit_s=float(seconds or settings.OCCVIZ_MAX_SECONDS))
+    finally:
+        network.close()
     with transaction.atomic():
         # The quota locked while the last outside writes are handed over: none lands between them and the summary's.
         list(ResourceQuota.objects.filter(pk=quota.pk).select_for_update().values_list("pk"))
         context.settle_outside_writes()
-    context.recorder.flush()
-    return summarize(job.pk, params, ledger, context.elapsed_s, seed)
+    # The admission latency's percentiles, as the live page shows them (a counter's and a controller race's
+    # summaries say theirs too): else the summary's latency_ms would be the parameter echoed, which `network` says.
+    admission_latency = context.final_figures().get("latency_ms")
+    summary = summarize(job.pk, params, ledger, context.elapsed_s, seed)
+    return {**summary, "latency_ms": admission_latency, "network": network.describe()}
 
 
 def record_outside_write(context: JobContext, quota_id: int, payload: Payload) -> None:
