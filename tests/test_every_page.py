@@ -51,9 +51,15 @@ FINISHED: dict[str, dict[str, Any]] = {
 # Slow ones: they share this process with the pages it opens.
 RUNNING: dict[str, dict[str, Any]] = {
     "counter": {"strategy": "occ", "writers": 2, "seconds": 300, "think_ms": 50, "latency_ms": "5", "jitter_ms": 1},
-    "leader-election": {**FINISHED["leader-election"], "lease_duration": 3, "renew_deadline": 2, "seconds": 300},
-    "quota": {"pods": 500, "hard": 20, "request": 1, "workers": 1, "think_ms": 200, "seconds": 300},
-    "controllers": {**FINISHED["controllers"], "rate_per_s": 4, "seconds": 300},
+    "leader-election": {
+        **FINISHED["leader-election"],
+        "lease_duration": 3,
+        "renew_deadline": 2,
+        "seconds": 300,
+        "latency_ms": "2 replica-2=5",
+    },
+    "quota": {"pods": 500, "hard": 20, "request": 1, "workers": 1, "think_ms": 200, "seconds": 300, "latency_ms": "3"},
+    "controllers": {**FINISHED["controllers"], "rate_per_s": 4, "seconds": 300, "latency_ms": "5", "jitter_ms": 1},
     "step": {"script": "for-update-wait", "pace": "by hand"},
     "anomalies": {"step_ms": 5000},
     "sweep": {"strategies": "occ", "max_writers": 1, "seconds": 60, "think_ms": 50},

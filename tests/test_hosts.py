@@ -113,8 +113,6 @@ def test_a_worker_on_another_host_runs_a_job_over_tcp(workers: Workers, network:
 
 
 def test_a_sharded_job_runs_on_both_hosts(workers: Workers, network: Network) -> None:
-    if not hasattr(tasks, "run_shard_task"):
-        pytest.skip("jobs are not split into shards yet: occviz.jobs.tasks has no run_shard_task")
     a, b = workers.start("host-a"), workers.start("host-b")
     writers, increments = 4, 50
     job = launch("counter", {"strategy": "occ", "writers": writers, "increments": increments, "processes": 2})

@@ -7,12 +7,10 @@ Real processes on the test database: a runner is killed with SIGKILL as a crash 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -38,7 +36,8 @@ from occviz.live import fragments
 from occviz.live.jobstate import read_job_state
 from occviz.management.commands.worker import REAP_INTERVAL_S
 from occviz.store.models import Counter
-from tests.conftest import ROOT, manage
+from tests.conftest import manage
+from tests.helpers import manage_children, output, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -52,48 +51,11 @@ def short_heartbeat_timeout(settings: Any) -> None:
     settings.OCCVIZ_HEARTBEAT_TIMEOUT_S = TIMEOUT_S
 
 
-def wait_for[T](predicate: Callable[[], T], timeout: float = 30.0, what: str = "it") -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
-
-
 @pytest.fixture
 def start_manage(database_url: str, tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen[str]]]:
     """`start_manage("runjob", ...)`: manage.py as a child process on the test database, left running."""
-    children: list[subprocess.Popen[str]] = []
-
-    def start(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-        out, err = tmp_path / f"out-{len(children)}", tmp_path / f"err-{len(children)}"
-        # files, not pipes: a child that logs a lot must never block on a full pipe
-        with out.open("w") as stdout, err.open("w") as stderr:
-            child = subprocess.Popen(
-                [sys.executable, str(ROOT / "manage.py"), *args],
-                cwd=ROOT,
-                env={**os.environ, **CHILD_ENV, "DATABASE_URL": database_url, **(env or {})},
-                stdout=stdout,
-                stderr=stderr,
-                text=True,
-            )
-        child.out_path = out  # type: ignore[attr-defined]
-        child.err_path = err  # type: ignore[attr-defined]
-        children.append(child)
-        return child
-
-    yield start
-    for child in children:
-        if child.poll() is None:
-            child.kill()
-        child.wait()
-
-
-def output(child: subprocess.Popen[str]) -> tuple[str, str]:
-    return child.out_path.read_text(), child.err_path.read_text()  # type: ignore[attr-defined]
+    with manage_children(database_url, tmp_path, CHILD_ENV) as start:
+        yield start
 
 
 def running_with_events(job_id: int | None = None) -> Job | None:

@@ -34,7 +34,7 @@ from occviz.scenarios.leader_election.summary import (
     summarize,
 )
 from occviz.store.models import Counter, Lease
-from tests.test_job_heartbeat import wait_for
+from tests.helpers import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

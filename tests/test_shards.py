@@ -11,7 +11,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -31,7 +30,7 @@ from occviz.jobs.snapshots import Snapshotter, State, snapshot_at
 from occviz.jobs.tasks import connections_needed, create_job, launch
 from occviz.scenarios.counter.scenario import CounterForm
 from occviz.store.models import Counter
-from tests.conftest import ROOT
+from tests.helpers import manage_children, output, wait_for
 from tests.test_live_stream import assert_exactly_once, messages_until_close, session_cookie
 from tests.test_live_stream import socket as page_socket
 from tests.test_outside_writes import OutsideIncrementer
@@ -45,47 +44,11 @@ SHARD_TIMEOUT_S = 2
 CHILD_ENV = {"OCCVIZ_SHARD_HEARTBEAT_TIMEOUT_S": str(SHARD_TIMEOUT_S), "OCCVIZ_HEARTBEAT_TIMEOUT_S": "4"}
 
 
-def wait_for[T](predicate: Callable[[], T], timeout: float = 30.0, what: str = "it") -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
-
-
 @pytest.fixture
 def start_manage(database_url: str, tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen[str]]]:
     """`start_manage("runjob", ...)`: manage.py as a child process on the test database, left running."""
-    children: list[subprocess.Popen[str]] = []
-
-    def start(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-        out, err = tmp_path / f"out-{len(children)}", tmp_path / f"err-{len(children)}"
-        with out.open("w") as stdout, err.open("w") as stderr:
-            child = subprocess.Popen(
-                [sys.executable, str(ROOT / "manage.py"), *args],
-                cwd=ROOT,
-                env={**os.environ, **CHILD_ENV, "DATABASE_URL": database_url, **(env or {})},
-                stdout=stdout,
-                stderr=stderr,
-                text=True,
-            )
-        child.out_path = out  # type: ignore[attr-defined]
-        child.err_path = err  # type: ignore[attr-defined]
-        children.append(child)
-        return child
-
-    yield start
-    for child in children:
-        if child.poll() is None:
-            child.kill()
-        child.wait()
-
-
-def output(child: subprocess.Popen[str]) -> tuple[str, str]:
-    return child.out_path.read_text(), child.err_path.read_text()  # type: ignore[attr-defined]
+    with manage_children(database_url, tmp_path, CHILD_ENV) as start:
+        yield start
 
 
 def alive(pid: int) -> bool:

@@ -20,7 +20,8 @@ from occviz.jobs.tasks import create_job
 from occviz.scenarios.controllers.scenario import ControllersForm
 from occviz.scenarios.quota.scenario import QuotaForm
 from occviz.store.models import Deployment, Pod
-from tests.test_shards import assert_gapless_and_once, output, start_manage
+from tests.helpers import output
+from tests.test_shards import assert_gapless_and_once, start_manage
 
 __all__ = ["start_manage"]  # the fixture, used here by name
 

@@ -5,7 +5,12 @@ for some of them (`20 2=50`: actor 2 at 50 ms, the others at 20; `2=50`: only ac
 and a jitter in ms. With any latency, every actor of the job connects through a proxy of
 its own in the job's proxy process (occviz.concurrency.proxy), so that the latency can be
 changed while the job runs, for all of them or for one; an actor at 0 then passes
-straight through. With none (the default), the actors connect directly and no proxy runs.
+straight through. With none (the default), the actors connect directly and no proxy runs,
+unless the job routes them through proxies anyway (a leader election's replicas, which its
+"cut off" control needs): then a latency is only the delay their proxies add.
+
+An actor's connection is its own session (`connection(n)`: PreparedSession's overrides),
+or this thread's Django connection (`routed(n)`, for actors that run Django's ORM).
 """
 
 from __future__ import annotations
@@ -13,10 +18,11 @@ from __future__ import annotations
 import contextlib
 import math
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from django.conf import settings
+from django.db import connections
 
 from occviz.concurrency.proxy import DatabaseProxy, ProxyProcess
 
@@ -48,7 +54,8 @@ def parse_latencies(text: str, actors: int | None = None, noun: str = "actor") -
             everyone, given_everyone = _ms(word, "latency"), True
             continue
         if not (name.isascii() and name.isdigit() and int(name) >= 1):
-            raise ValueError(f"{word!r}: name a {noun} by its number, as in 2=50.")
+            article = "an" if noun[:1] in ("a", "e", "i", "o", "u") else "a"
+            raise ValueError(f"{word!r}: name {article} {noun} by its number, as in 2=50.")
         number = int(name)
         if actors is not None and number > actors:
             raise ValueError(f"{word!r}: the job has {actors} {noun}s.")
@@ -73,39 +80,71 @@ class Network:
     """A job's actors' roads to PostgreSQL: direct, or each through its proxy with its delay.
 
     `connection(n)` is what actor n's session adds to its connection parameters ({} when
-    direct); `set_latency` changes the delay while the job runs (ValueError, and nothing
-    changed, when the value is bad or the actors connect directly). Close it when the job ends.
+    direct), `routed(n)` routes this thread's Django connection the same way, `proxy(n)` is
+    actor n's proxy itself (`always`: every actor has one, even at no latency); `set_latency`
+    changes the delay while the job runs (ValueError, and nothing changed, when the value is
+    bad or the actors connect directly). Close it when the job ends.
     """
 
-    def __init__(self, latency: str, jitter_ms: float = 0.0, *, seed: int = 0, using: str = "default") -> None:
+    def __init__(
+        self, latency: str, jitter_ms: float = 0.0, *, seed: int = 0, using: str = "default", always: bool = False
+    ) -> None:
         self.everyone, self.by_actor = parse_latencies(latency or "0")
         self.jitter_ms = float(jitter_ms or 0.0)
         self.seed = seed
         self.using = using
-        self.proxied = bool(self.everyone or any(self.by_actor.values()))
+        self.proxied = always or bool(self.everyone or any(self.by_actor.values()))
         self._process: ProxyProcess | None = None
         self._proxies: dict[int, DatabaseProxy] = {}
+        self._closed = False
         self._lock = threading.Lock()
 
     def delay_ms(self, number: int) -> float:
         return self.by_actor.get(number, self.everyone)
 
-    def connection(self, number: int) -> dict[str, Any]:
-        """Actor `number`'s connection overrides: its proxy's socket folder, or {} (direct)."""
-        if not self.proxied:
-            return {}
+    def proxy(self, number: int, name: str = "") -> DatabaseProxy:
+        """Actor `number`'s proxy at its delay, opened at the first call (named `name`, else actor-N)."""
         with self._lock:
+            if self._closed:
+                raise RuntimeError("the job's network is closed: its actors have ended")
             if self._process is None:
                 self._process = ProxyProcess(*_upstream(self.using))
             proxy = self._proxies.get(number)
-            if proxy is None:
+            if proxy is None or proxy.closed:
                 proxy = self._proxies[number] = self._process.proxy(
-                    f"actor-{number}",
+                    name or f"actor-{number}",
                     delay_ms=self.delay_ms(number),
                     jitter_ms=self.jitter_ms,
                     seed=self.seed * 1_000 + number,
                 )
-        return proxy.connection
+        return proxy
+
+    def connection(self, number: int) -> dict[str, Any]:
+        """Actor `number`'s connection overrides: its proxy's socket folder, or {} (direct)."""
+        return self.proxy(number).connection if self.proxied else {}
+
+    @contextlib.contextmanager
+    def routed(self, number: int) -> Iterator[None]:
+        """Inside, this thread's Django connection goes through actor `number`'s proxy (as is when direct).
+
+        The thread's connection is closed on the way in and out, so the ORM's next query
+        connects through the proxy inside, and as configured after. A job's actor threads
+        are not pooled (only the web server's connections are), so the connection is its own.
+        """
+        overrides = self.connection(number)
+        if not overrides:
+            yield
+            return
+        wrapper = connections[self.using]
+        wrapper.close()
+        configured = wrapper.settings_dict
+        # This thread's wrapper only: the settings stay as they are for every other thread.
+        wrapper.settings_dict = {**configured, "HOST": overrides["host"], "PORT": str(overrides["port"])}
+        try:
+            yield
+        finally:
+            wrapper.close()
+            wrapper.settings_dict = configured
 
     def set_latency(self, delay_ms: float, actor: int | None = None) -> None:
         """Every actor's one-way delay (or `actor`'s) is `delay_ms` from now on."""
@@ -123,7 +162,7 @@ class Network:
                 self.by_actor[actor] = delay_ms
             proxies = list(self._proxies.items())
         for number, proxy in proxies:
-            if actor is None or number == actor:
+            if (actor is None or number == actor) and not proxy.closed:  # closed: its actor has ended
                 try:
                     proxy.slow(delay_ms)
                 except RuntimeError as error:  # the proxy process is gone: the job is ending
@@ -138,6 +177,7 @@ class Network:
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             process, self._process = self._process, None
             self._proxies.clear()
         if process is not None:

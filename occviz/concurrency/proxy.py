@@ -123,6 +123,7 @@ class DatabaseProxy:
         self.port = port
         self.delay_ms = delay_ms
         self.jitter_ms = jitter_ms
+        self.closed = False
         self._cut_until = 0.0
 
     @property
@@ -147,6 +148,7 @@ class DatabaseProxy:
         self.delay_ms, self.jitter_ms = delay_ms, jitter
 
     def close(self) -> None:
+        self.closed = True
         with contextlib.suppress(RuntimeError):
             self.process.request(op="close", name=self.name)
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db import Error, connection
+from django.tasks import task
 from django.utils import timezone
 
 from occviz.jobs.affinity import one_cpu, quick_handoffs
@@ -226,10 +227,17 @@ def run_job(job_id: int, *, runner: str | None = None, shards: str = "tasks") ->
     return job
 
 
+@task
+def run_shard_task(job_id: int, index: int) -> str:
+    """Shard `index` of a job over several processes, for any worker to claim (occviz.jobs.shards).
+
+    Defined here, not with the other tasks in tasks.py, because the coordinator enqueues it.
+    """
+    return run_shard(job_id, index)
+
+
 def _enqueue_shard(job_id: int) -> Callable[[int], None]:
     def enqueue(index: int) -> None:
-        from occviz.jobs.tasks import run_shard_task  # tasks.py imports this module
-
         run_shard_task.enqueue(job_id, index)
 
     return enqueue

@@ -33,7 +33,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from django.conf import settings
 from django.db import Error, connection
@@ -41,8 +41,16 @@ from django.utils import timezone
 
 from occviz.jobs.models import Job, JobShard
 
-if TYPE_CHECKING:
-    from occviz.jobs.context import JobContext
+
+class Stoppable(Protocol):
+    """What a shard reads and stops of the job's running context (occviz.jobs.context.JobContext is one)."""
+
+    stop: threading.Event
+    stop_reason: str
+    errors: list[str]
+
+    def request_stop(self, reason: str) -> None: ...
+
 
 logger = logging.getLogger(__name__)
 
@@ -144,7 +152,7 @@ class Shard:
         self.plan: dict[str, Any] = {}
         """What the program shares with its shards (the counter's seed)."""
         self.time_limit_s: float | None = None
-        self._context: JobContext | None = None
+        self._context: Stoppable | None = None
         self._stop_watch = threading.Event()
         self._watch: threading.Thread | None = None
         self._reported: set[int] = set()
@@ -207,7 +215,7 @@ class Shard:
 
     # -- the watch -------------------------------------------------------------------------
 
-    def start_watch(self, context: JobContext) -> None:
+    def start_watch(self, context: Stoppable) -> None:
         self._context = context
         name = f"job-{self.job_id}-shard-{self.index}"
         self._watch = threading.Thread(target=self._run_watch, name=name, daemon=True)
@@ -277,7 +285,7 @@ class Shard:
                 self._stale(context, index, runner, float(age))
 
     @staticmethod
-    def _stopping_status(context: JobContext) -> str:
+    def _stopping_status(context: Stoppable) -> str:
         """What this shard's row should say now that it stops early, or "" (still running, or just done)."""
         if context.errors:
             return JobShard.Status.FAILED
@@ -290,10 +298,10 @@ class Shard:
         return f"shard {index} of {self.processes} ({runner or 'not claimed'})"
 
     @staticmethod
-    def _why(context: JobContext) -> str:
+    def _why(context: Stoppable) -> str:
         return "\n".join(context.errors) if context.errors else context.stop_reason
 
-    def _fail(self, context: JobContext, index: int, reason: str) -> None:
+    def _fail(self, context: Stoppable, index: int, reason: str) -> None:
         with self._lock:
             if index in self._reported:
                 return
@@ -302,7 +310,7 @@ class Shard:
             context.errors.append(reason)
         context.request_stop("failed")
 
-    def _stale(self, context: JobContext, index: int, runner: str, age: float) -> None:
+    def _stale(self, context: Stoppable, index: int, runner: str, age: float) -> None:
         reason = (
             f"{self._name(index, runner)} stopped renewing its heartbeat: "
             f"none for {age:.1f} s (its process died, or lost PostgreSQL)"
@@ -317,7 +325,7 @@ class Shard:
 
     # -- the barrier -------------------------------------------------------------------------
 
-    def arrive_and_wait(self, context: JobContext) -> float:
+    def arrive_and_wait(self, context: Stoppable) -> float:
         """Mark this shard arrived, wait for the release, and return it on this process's perf_counter clock.
 
         ShardStopped if the actors are not to start (the reason is in the job's errors, on the coordinator).
@@ -364,7 +372,7 @@ class Shard:
                 self._never_arrived(context, missing, bound)
             time.sleep(BARRIER_POLL_S)
 
-    def _never_arrived(self, context: JobContext, missing: Sequence[tuple[Any, ...]], bound: float) -> None:
+    def _never_arrived(self, context: Stoppable, missing: Sequence[tuple[Any, ...]], bound: float) -> None:
         if not self.coordinator:
             context.request_stop("stopped")
             raise ShardStopped("the release never came")
@@ -386,7 +394,7 @@ class Shard:
 
     # -- the end -------------------------------------------------------------------------------
 
-    def finish(self, context: JobContext) -> None:
+    def finish(self, context: Stoppable) -> None:
         """Record how this shard ended; the coordinator then waits for every other shard to end."""
         status = self._stopping_status(context) or (
             JobShard.Status.STOPPED if context.stop_reason in ("stopped", "failed", "ended elsewhere") else "done"
@@ -404,7 +412,7 @@ class Shard:
         if self.coordinator:
             self.look_once_more(context)
 
-    def look_once_more(self, context: JobContext) -> None:
+    def look_once_more(self, context: Stoppable) -> None:
         """The shards' ends as they were recorded: a failure the watch had not seen yet fails the job too."""
         for index, runner, error in JobShard.objects.filter(
             job_id=self.job_id, status=JobShard.Status.FAILED

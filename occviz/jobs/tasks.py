@@ -20,7 +20,7 @@ from django.tasks import task
 
 from occviz.jobs.models import Job
 from occviz.jobs.registry import ParamsError, program
-from occviz.jobs.runner import run_job, run_shard
+from occviz.jobs.runner import run_job
 from occviz.jobs.shards import processes_of
 
 # Beyond its actors' sessions, a running job holds the runner's own connection, the event
@@ -47,12 +47,6 @@ class LaunchRefused(ParamsError):
 @task
 def run_job_task(job_id: int) -> str:
     return run_job(job_id).status
-
-
-@task
-def run_shard_task(job_id: int, index: int) -> str:
-    """Shard `index` of a job over several processes, for any worker to claim (occviz.jobs.shards)."""
-    return run_shard(job_id, index)
 
 
 def connections_needed(scenario: str, params: dict[str, Any]) -> int:

@@ -11,12 +11,14 @@ from __future__ import annotations
 import json
 import random
 import threading
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from django.db import connection, transaction
 
+from occviz.concurrency.latency import Network
 from occviz.concurrency.retry import make_policy
 from occviz.concurrency.writer import ActorContext, connected
 from occviz.jobs import shared
@@ -34,6 +36,7 @@ from occviz.scenarios.controllers.deployment import (
 )
 from occviz.scenarios.controllers.history import Acknowledge, Erasure, History
 from occviz.scenarios.controllers.summary import summarize
+from occviz.scenarios.network import apply_latency_control, job_network
 from occviz.scenarios.outside import Payload, outside_write
 from occviz.store.models import Deployment
 
@@ -47,7 +50,7 @@ _running_lock = threading.Lock()
 
 
 def _controllers(
-    context: JobContext, row: int, seed: int, acknowledging: Callable[[ActorContext], Acknowledge]
+    context: JobContext, row: int, seed: int, acknowledging: Callable[[ActorContext], Acknowledge], network: Network
 ) -> list[Actor]:
     """The job's controllers, 1..N, on the Deployment `row`; each hands its acknowledged writes to `acknowledging`."""
     params = context.params
@@ -66,7 +69,7 @@ def _controllers(
                 stop=context.stop,
                 rng=random.Random(seed * 1_000 + number),
             )
-            with connected(writer):
+            with connected(writer, **network.connection(number)):
                 ready()
                 controller = Controller(
                     writer, FIELDS[number - 1], row, count, acknowledging(writer), blind=params["strategy"] == "none"
@@ -94,6 +97,9 @@ def run(context: JobContext) -> dict[str, Any]:
     )
     seed = params["seed"] if params.get("seed") is not None else random.randrange(2**32)
     seconds = float(params["seconds"])
+    # Each controller's road to the server: direct, or through the job's proxy a latency away (changeable live).
+    network = job_network(params, seed)
+    context.on_control(lambda action, actor, seconds: apply_latency_control(context, network, action, seconds))
     follower: AckFollower | None = None
     acknowledging: Callable[[ActorContext], Acknowledge] = lambda writer: history  # noqa: E731
     if processes_of(params) > 1:
@@ -107,10 +113,10 @@ def run(context: JobContext) -> dict[str, Any]:
         if follower is not None:
             follower.start()
         try:
-            context.run_actors(
-                _controllers(context, deployment.pk, seed, acknowledging), time_limit_s=seconds, plan={"seed": seed}
-            )
+            controllers = _controllers(context, deployment.pk, seed, acknowledging, network)
+            context.run_actors(controllers, time_limit_s=seconds, plan={"seed": seed})
         finally:
+            network.close()
             if follower is not None:
                 follower.stop()  # every shard has ended: each write it acknowledged is stored, and followed now
         with transaction.atomic():
@@ -122,14 +128,17 @@ def run(context: JobContext) -> dict[str, Any]:
     finally:
         with _running_lock:
             _running.pop(job.pk, None)
-    return summarize(job, params, figures, deployment.pk, history, context.elapsed_s, seed)
+    summary = summarize(job, params, figures, deployment.pk, history, context.elapsed_s, seed)
+    return {**summary, "network": network.describe()}
 
 
 def shard_actors(context: JobContext, plan: Mapping[str, Any]) -> list[Actor]:
     """In a shard of a job over several processes: its controllers again, their writes acknowledged in PostgreSQL."""
     row = Deployment.objects.filter(job_id=context.job.pk, name=OBJECT_NAME).values_list("pk", flat=True).get()
-    job_id = context.job.pk
-    return _controllers(context, row, int(plan["seed"]), lambda writer: StoredAcks(job_id, writer))
+    job_id, seed = context.job.pk, int(plan["seed"])
+    network = job_network(context.params, seed)  # this process's proxies, the latency the job was launched with
+    weakref.finalize(context, network.close)  # closed with the shard's context, once its actors have ended
+    return _controllers(context, row, seed, lambda writer: StoredAcks(job_id, writer), network)
 
 
 _ACK = "ack:"

@@ -29,6 +29,16 @@ from occviz.scenarios.base import (
 )
 from occviz.scenarios.controllers import job
 from occviz.scenarios.controllers.deployment import MAX_CONTROLLERS, MIN_CONTROLLERS, OBJECT_NAME, controller_name
+from occviz.scenarios.network import (
+    NETWORK_COMPARED,
+    NETWORK_FIELDS,
+    clean_network,
+    jitter_field,
+    latency_changed_kind,
+    latency_control,
+    latency_field,
+    network_setup,
+)
 from occviz.scenarios.outside import outside_conflict_kind, outside_deleted_kind
 from occviz.store.models import Deployment, conflict_message
 
@@ -73,6 +83,8 @@ class ControllersForm(ScenarioForm):
     )
     max_attempts = WholeNumberField(min_value=1, required=False, help_text="Default: the retry policy's steps.")
     seed = WholeNumberField(required=False, min_value=0, max_value=2**32 - 1, help_text="Seed for the jitter.")
+    latency_ms = latency_field("controller", "20 for every controller, 20 2=50 for controller B at 50")
+    jitter_ms = jitter_field()
     processes = forms.CharField(
         required=False,
         initial="1",
@@ -82,6 +94,7 @@ class ControllersForm(ScenarioForm):
 
     def clean(self) -> dict[str, Any]:
         data = super().clean()
+        clean_network(self, data, data.get("controllers"), "controller", controller_name)
         if data.get("controllers") is not None:
             try:
                 data["processes"] = parse_processes(data.get("processes"), data["controllers"])
@@ -109,6 +122,7 @@ class Controllers(Scenario):
         "Controllers": ("strategy", "controllers", "seconds", "rate_per_s", "think_ms"),
         "Retry on conflict": ("retry", "max_attempts"),
         "Starting point": ("seed",),
+        "Network": NETWORK_FIELDS,
         "Processes": ("processes",),
     }
     actor_label = "controller {n}"
@@ -117,6 +131,8 @@ class Controllers(Scenario):
     state_template = "scenarios/controllers.html"
     state_title = "The Deployment"
     script = "occviz/scenarios/controllers.js"
+    list_params = ("latency_ms",)
+    controls = (latency_control("controllers"),)
     kinds = (
         EventKind("read", "GET", ("{who} GET v{version_read}",), "#8a94a6", "tick"),
         EventKind(
@@ -241,6 +257,7 @@ class Controllers(Scenario):
         ),
         outside_conflict_kind(_CONFLICT_409),
         outside_deleted_kind("the Deployment"),
+        latency_changed_kind("controllers"),
         ERROR,
     )
     figures = (
@@ -271,6 +288,7 @@ class Controllers(Scenario):
         ("latency_ms.p50", "latency p50 (ms)"),
         ("latency_ms.p99", "latency p99 (ms)"),
         ("duration_s", "duration (s)"),
+        *NETWORK_COMPARED,
     )
     presets = (
         Preset(
@@ -317,7 +335,7 @@ class Controllers(Scenario):
             line += f", think {params['think_ms']:g} ms"
         if params.get("strategy") == "occ":
             line += f", retry {params.get('retry')}"
-        return line
+        return line + network_setup(params)
 
 
 scenario = Controllers()

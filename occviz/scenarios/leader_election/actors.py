@@ -27,11 +27,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from django.conf import settings
-
+from occviz.concurrency.latency import Network
 from occviz.concurrency.writer import Record
 from occviz.scenarios.leader_election.elector import Habits, LeaderElectionConfig, LeaderElector, Ready, first_line
-from occviz.scenarios.leader_election.proxy import DatabaseProxy, ProxyProcess
+from occviz.scenarios.leader_election.proxy import DatabaseProxy
 from occviz.scenarios.leader_election.replica import ReplicaProcess, ReplicaSpawner
 from occviz.store.models import Counter, Lease
 
@@ -55,12 +54,6 @@ def objects_of(job_id: int, name: str = "leader") -> tuple[Lease, Counter]:
     return Lease.objects.get(job_id=job_id, name=name), Counter.objects.get(job_id=job_id, name=f"{name}-guarded")
 
 
-def _upstream(using: str) -> tuple[str, int]:
-    """The real server's host (a socket folder or a name) and port, for a replica's proxy."""
-    params = settings.DATABASES[using]
-    return str(params.get("HOST") or ""), int(params.get("PORT") or 5432)
-
-
 @dataclass(frozen=True)
 class TimedControl:
     """A failure control to apply `at_s` seconds after the replicas were released.
@@ -79,6 +72,8 @@ class LeaderElection:
     """R replicas contending for one Lease, sharing a stop event, and their failure controls.
 
     `processes`: each replica runs in a process of its own (ReplicaProcess), else as a thread.
+    `network`: the replicas' proxies and the delay they add (occviz.concurrency.latency; by
+    default proxies with no delay), which the election closes when it ends.
 
     Controls take a replica number (1..R, and more once added) and may be called from any
     thread while the election runs; on an unknown, killed, stopped or ended replica they
@@ -99,6 +94,7 @@ class LeaderElection:
         habits: Habits | None = None,
         lease_durations: Mapping[int, float] | None = None,
         processes: bool = False,
+        network: Network | None = None,
     ) -> None:
         self.config = config or LeaderElectionConfig()
         self.habits = habits or Habits()
@@ -125,7 +121,8 @@ class LeaderElection:
         self._helpers: list[threading.Thread] = []
         self._added: list[threading.Thread] = []
         self._errors: list[BaseException] = []
-        self._proxy_process: ProxyProcess | None = None
+        # Every replica connects through a proxy of its own (cut off needs it), a latency away or not.
+        self.network = network or Network("0", using=using, always=True)
         self._spawner: ReplicaSpawner | None = None
         self._electors = {number: self._elector(number) for number in range(1, replicas + 1)}
         self._reserved: set[int] = set()  # lanes of the election that are no replica (outside writers)
@@ -149,7 +146,7 @@ class LeaderElection:
                 rng_seed=self.seed * 1_000 + number,
                 record=self.record,
                 end=self._end,
-                proxies=self._proxy,
+                proxies=self._proxy_of(number),
                 spawner=self._replica_spawner,
                 using=self.using,
                 on_started=self._on_started,
@@ -163,7 +160,7 @@ class LeaderElection:
             record=self.record,
             end=self._end,
             rng=random.Random(self.seed * 1_000 + number),
-            proxies=self._proxy,
+            proxies=self._proxy_of(number),
             using=self.using,
             on_started=self._on_started,
         )
@@ -203,8 +200,7 @@ class LeaderElection:
                 thread.join()
             if self._spawner is not None:
                 self._spawner.close()
-            if self._proxy_process is not None:
-                self._proxy_process.close()
+            self.network.close()
         if self._errors:
             raise self._errors[0]
 
@@ -231,13 +227,9 @@ class LeaderElection:
         for thread in threads:
             thread.join()
 
-    def _proxy(self, name: str) -> DatabaseProxy:
-        """A proxy for replica `name`, in the election's proxy process (started with the first replica)."""
-        with self._lock:
-            if self._proxy_process is None:
-                self._proxy_process = ProxyProcess(*_upstream(self.using))
-            process = self._proxy_process
-        return process.proxy(name)
+    def _proxy_of(self, number: int) -> Callable[[str], DatabaseProxy]:
+        """How replica `number` opens its proxy named `name`: the network's, at that replica's delay."""
+        return lambda name: self.network.proxy(number, name)
 
     def _replica_spawner(self) -> ReplicaSpawner:
         if self._spawner is None:

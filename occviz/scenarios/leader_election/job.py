@@ -20,6 +20,7 @@ from occviz.scenarios.base import State
 from occviz.scenarios.leader_election.actors import LeaderElection, TimedControl, create_objects
 from occviz.scenarios.leader_election.elector import Habits, LeaderElectionConfig, identity
 from occviz.scenarios.leader_election.summary import describe_failover, read_events, summarize
+from occviz.scenarios.network import apply_latency_control, job_network
 from occviz.scenarios.outside import outside_write, written_at
 from occviz.store.models import Lease
 
@@ -132,6 +133,8 @@ def run(context: JobContext) -> dict[str, Any]:
     config = _config(params)
     lease, counter = create_objects(f"job-{job.pk}", job=job)
     seed = params["seed"] if params.get("seed") is not None else random.randrange(2**32)
+    # Each replica's proxy (cut off's) adds the latency asked for, changeable while it runs.
+    network = job_network(params, seed, always=True)
     election = LeaderElection(
         lease_id=lease.pk,
         counter_id=counter.pk,
@@ -143,6 +146,7 @@ def run(context: JobContext) -> dict[str, Any]:
         habits=_habits(params),
         lease_durations=_lease_durations(params),
         processes=replicas_as_processes(params),
+        network=network,
     )
     # Skews apply as the replicas are released; the failures at their moments.
     skews = [TimedControl("skew", 0.0, replica=replica, seconds=seconds) for replica, seconds in _skews(params)]
@@ -155,6 +159,9 @@ def run(context: JobContext) -> dict[str, Any]:
                 raise ValueError(
                     f"A job may add at most {ADDED_REPLICAS} replicas to the {params['replicas']} it began with."
                 )
+            if action == "latency":
+                apply_latency_control(context, network, action, seconds)
+                return
             election.apply(TimedControl(action, 0.0, replica=actor, seconds=seconds or 0.0))  # type: ignore[arg-type]
         except ValueError as refused:
             context.recorder.record(
@@ -196,6 +203,7 @@ def run(context: JobContext) -> dict[str, Any]:
     summary["failovers_in_words"] = [describe_failover(failover) for failover in summary["failovers"]]
     summary["duration_s"] = round(duration_s, 4)
     summary["seed"] = seed
+    summary["network"] = network.describe()
     return summary
 
 

@@ -31,6 +31,16 @@ from occviz.scenarios.leader_election import job
 from occviz.scenarios.leader_election.elector import LeaderElectionConfig, identity
 from occviz.scenarios.leader_election.job import ADDED_REPLICAS
 from occviz.scenarios.leader_election.summary import SENTENCES
+from occviz.scenarios.network import (
+    NETWORK_COMPARED,
+    NETWORK_FIELDS,
+    clean_network,
+    jitter_field,
+    latency_changed_kind,
+    latency_control,
+    latency_field,
+    network_setup,
+)
 from occviz.store.models import Lease, conflict_message
 
 if TYPE_CHECKING:
@@ -108,9 +118,12 @@ class LeaderElectionForm(ScenarioForm):
         label="Replicas run as",
         help_text="Processes: kill is SIGKILL, pause is SIGSTOP. Threads: quicker to start.",
     )
+    latency_ms = latency_field("replica", "20 for every replica, 20 replica-2=50 for replica-2 at 50")
+    jitter_ms = jitter_field()
 
     def clean(self) -> dict[str, Any]:
         data = super().clean()
+        clean_network(self, data, data.get("replicas"), "replica", identity)
         if self.errors:
             return data
         config = LeaderElectionConfig(data["lease_duration"], data["renew_deadline"], data["retry_period"])
@@ -421,6 +434,7 @@ class LeaderElectionScenario(Scenario):
             "starve_for",
         ),
         "More": ("release_on_cancel", "seed", "replicas_as"),
+        "Network": NETWORK_FIELDS,
     }
     actor_label = "replica-{n}"
     actors_param = "replicas"
@@ -428,7 +442,7 @@ class LeaderElectionScenario(Scenario):
     state_template = "scenarios/leader_election.html"
     state_title = "The Lease, and what each replica believes"
     script = "occviz/scenarios/leader_election.js"
-    list_params = ("skew", "lease_durations")
+    list_params = ("skew", "lease_durations", "latency_ms")
     kinds = (
         _kind(
             "acquired", "acquired the lease", "#1a9e4b", "star", first=(_FAILOVER, *_OUTSIDE["acquired"]), writes=True
@@ -462,6 +476,7 @@ class LeaderElectionScenario(Scenario):
         _kind("starved", "starved of CPU", "#b45309", "triangle"),
         _kind("working_on", "works on without leading", "#c2410c", "diamond"),
         _kind("work_stopped", "work stopped", "#4a5568", "tick"),
+        latency_changed_kind("replicas"),
         ERROR,
     )
     figures = (
@@ -494,6 +509,7 @@ class LeaderElectionScenario(Scenario):
             seconds=(0.1, 86_400),
         ),
         Control("add", "add a replica", "A new replica joins the election.", per_actor=False, adds_actor=True),
+        latency_control("replicas"),
     )
     compared = (
         ("replicas", "replicas"),
@@ -510,6 +526,7 @@ class LeaderElectionScenario(Scenario):
         ("split_brain_s", "seconds with two leaders"),
         ("non_leader_writes_landed", "writes landed by a non-leader"),
         ("duration_s", "duration (s)"),
+        *NETWORK_COMPARED,
     )
     presets = (
         Preset(
@@ -724,7 +741,7 @@ class LeaderElectionScenario(Scenario):
             timed.append("no fencing")
         if params.get("replicas_as") == "threads":
             timed.append("replicas as threads")
-        return line + (f"; {', '.join(timed)}" if timed else "")
+        return line + network_setup(params) + (f"; {', '.join(timed)}" if timed else "")
 
 
 scenario = LeaderElectionScenario()

@@ -25,11 +25,12 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from django.db import IntegrityError, connection
 
+from occviz.concurrency.latency import Network
 from occviz.jobs import shared
 from occviz.jobs.recorder import EventRecorder
 from occviz.store import admission
@@ -170,6 +171,8 @@ class Admission:
     recorder: EventRecorder
     stop: threading.Event
     ledger: ChargeLedger
+    network: Network = field(default_factory=lambda: Network("0"))
+    """Each actor's connection: direct, or through its proxy a latency away (its thread's Django connection)."""
 
     def make(self) -> None:
         """Its counts and its ledger's, at 0 (the job's program, before any worker starts)."""
@@ -188,15 +191,16 @@ class Admission:
 
     def worker(self, actor: int) -> Callable[[Callable[[], object]], None]:
         def act(ready: Callable[[], object]) -> None:
-            # Counted (and so connected) before the barrier: once the actors are released, every worker of
-            # every process is, and connecting is not part of the race.
-            shared.add(self.job_id, "working", 1)
-            try:
-                ready()
-                while (number := self.take()) is not None:
-                    self.admit(actor, number)
-            finally:
-                shared.add(self.job_id, "working", -1)
+            with self.network.routed(actor):
+                # Counted (and so connected) before the barrier: once the actors are released, every worker of
+                # every process is, and connecting is not part of the race.
+                shared.add(self.job_id, "working", 1)
+                try:
+                    ready()
+                    while (number := self.take()) is not None:
+                        self.admit(actor, number)
+                finally:
+                    shared.add(self.job_id, "working", -1)
 
         return act
 
@@ -302,8 +306,12 @@ class QuotaController:
     resyncs: int = 0
 
     def run(self, ready: Callable[[], object]) -> None:
-        connection.ensure_connection()
-        ready()
+        with self.admission.network.routed(CONTROLLER):
+            connection.ensure_connection()
+            ready()
+            self._run()
+
+    def _run(self) -> None:
         started = time.perf_counter()
         stop = self.admission.stop
         next_at = self.resync_s

@@ -9,13 +9,16 @@ that exist, and their charges and releases count in the admitted usage the verdi
 from __future__ import annotations
 
 import random
+import weakref
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.db import transaction
 
+from occviz.concurrency.latency import Network
 from occviz.scenarios.base import State
+from occviz.scenarios.network import apply_latency_control, job_network
 from occviz.scenarios.outside import Payload, outside_write
 from occviz.scenarios.quota.actors import (
     CONTROLLER,
@@ -34,7 +37,7 @@ if TYPE_CHECKING:
     from occviz.jobs.context import Actor, JobContext
 
 
-def _admission(context: JobContext, quota_id: int, seed: int) -> Admission:
+def _admission(context: JobContext, quota_id: int, seed: int, network: Network) -> Admission:
     job, params = context.job, context.params
     return Admission(
         job_id=job.pk,
@@ -48,6 +51,7 @@ def _admission(context: JobContext, quota_id: int, seed: int) -> Admission:
         recorder=context.recorder,
         stop=context.stop,
         ledger=ChargeLedger(job.pk, quota_id, params["hard"]),
+        network=network,
     )
 
 
@@ -65,28 +69,40 @@ def run(context: JobContext) -> dict[str, Any]:
         namespace=namespace, name=QUOTA_NAME, hard={RESOURCE: params["hard"]}, used={RESOURCE: 0}, job=job
     )
     seed = params["seed"] if params.get("seed") is not None else random.randrange(2**32)
-    admission = _admission(context, quota.pk, seed)
+    # Each actor's road to the server: direct, or through the job's proxy a latency away (changeable live).
+    network = job_network(params, seed)
+    context.on_control(lambda action, actor, seconds: apply_latency_control(context, network, action, seconds))
+    admission = _admission(context, quota.pk, seed, network)
     admission.make()
     seconds = params.get("seconds")
     lanes = iter(range(admission_workers(params) + CONTROLLER + 1, 2**31))
     context.on_outside_write(
         lambda payload: record_outside_write(context, quota.pk, payload), next_actor=lanes.__next__
     )
-    context.run_actors(
-        _actors(context, admission), time_limit_s=float(seconds or settings.OCCVIZ_MAX_SECONDS), plan={"seed": seed}
-    )
+    try:
+        context.run_actors(
+            _actors(context, admission), time_limit_s=float(seconds or settings.OCCVIZ_MAX_SECONDS), plan={"seed": seed}
+        )
+    finally:
+        network.close()
     with transaction.atomic():
         # The quota locked while the last outside writes are handed over: none lands between them and the summary's.
         list(ResourceQuota.objects.filter(pk=quota.pk).select_for_update().values_list("pk"))
         context.settle_outside_writes()
-    context.recorder.flush()
-    return summarize(job.pk, params, admission.ledger, context.elapsed_s, seed)
+    # The admission latency's percentiles, as the live page shows them (a counter's and a controller race's
+    # summaries say theirs too): else the summary's latency_ms would be the parameter echoed, which `network` says.
+    admission_latency = context.final_figures().get("latency_ms")
+    summary = summarize(job.pk, params, admission.ledger, context.elapsed_s, seed)
+    return {**summary, "latency_ms": admission_latency, "network": network.describe()}
 
 
 def shard_actors(context: JobContext, plan: Mapping[str, Any]) -> list[Actor]:
     """In a shard of a job over several processes: the actors again, over the quota and counts the coordinator made."""
     quota_id = ResourceQuota.objects.filter(job_id=context.job.pk, name=QUOTA_NAME).values_list("pk", flat=True).get()
-    return _actors(context, _admission(context, quota_id, int(plan["seed"])))
+    seed = int(plan["seed"])
+    network = job_network(context.params, seed)  # this process's proxies, the latency the job was launched with
+    weakref.finalize(context, network.close)  # closed with the shard's context, once its actors have ended
+    return _actors(context, _admission(context, quota_id, seed, network))
 
 
 def record_outside_write(context: JobContext, quota_id: int, payload: Payload) -> None:

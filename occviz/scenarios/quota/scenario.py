@@ -26,6 +26,16 @@ from occviz.scenarios.base import (
     WholeNumberField,
     check_limit,
 )
+from occviz.scenarios.network import (
+    NETWORK_COMPARED,
+    NETWORK_FIELDS,
+    clean_network,
+    jitter_field,
+    latency_changed_kind,
+    latency_control,
+    latency_field,
+    network_setup,
+)
 from occviz.scenarios.outside import outside_conflict_kind, outside_deleted_kind
 from occviz.scenarios.quota import job
 from occviz.scenarios.quota.actors import CONTROLLER, QUOTA_NAME, RESOURCE, admission_workers
@@ -88,6 +98,10 @@ class QuotaForm(ScenarioForm):
         help_text="Empty: until every pod is decided and any leak has been repaired by a resync.",
     )
     seed = WholeNumberField(required=False, min_value=0, max_value=2**32 - 1, help_text="Seed for the failed creates.")
+    latency_ms = latency_field(
+        "actor", "20 for the quota controller and every admission worker, 20 admission-1=50 for admission-1 at 50"
+    )
+    jitter_ms = jitter_field()
     processes = forms.CharField(
         required=False,
         initial="1",
@@ -97,9 +111,11 @@ class QuotaForm(ScenarioForm):
 
     def clean(self) -> dict[str, Any]:
         data = super().clean()
+        actors = admission_workers(data) + CONTROLLER
+        clean_network(self, data, actors, "actor", scenario.actor_name)
         if data.get("workers") is not None and data.get("pods") is not None:
             try:  # the controller and the admission workers: the job's actors
-                data["processes"] = parse_processes(data.get("processes"), admission_workers(data) + CONTROLLER)
+                data["processes"] = parse_processes(data.get("processes"), actors)
             except ValueError as refused:
                 self.add_error("processes", str(refused))
         check_limit(self, "workers", data.get("workers"), "OCCVIZ_MAX_WRITERS", "admission workers")
@@ -124,12 +140,15 @@ class QuotaRace(Scenario):
         "Pods and quota": ("pods", "hard", "request"),
         "The API server": ("workers", "think_ms", "create_failure_rate"),
         "The quota controller": ("resync_seconds", "seconds", "seed"),
+        "Network": NETWORK_FIELDS,
         "Processes": ("processes",),
     }
     state_keys = ("quota", "actual", "pods", "gap", "bars")
     state_template = "scenarios/quota.html"
     state_title = "The ResourceQuota, and the pods that exist"
     script = "occviz/scenarios/quota.js"
+    list_params = ("latency_ms",)
+    controls = (latency_control("actors"),)
     kinds = (
         EventKind(
             "read",
@@ -349,6 +368,7 @@ class QuotaRace(Scenario):
         ),
         outside_conflict_kind(_QUOTA_409),
         outside_deleted_kind("the quota", "quota deleted from outside"),
+        latency_changed_kind("actors"),
         ERROR,
     )
     figures = (
@@ -386,6 +406,7 @@ class QuotaRace(Scenario):
         ("actual_final", "actually used at the end"),
         ("over_admitted", "over-admitted"),
         ("duration_s", "duration (s)"),
+        *NETWORK_COMPARED,
     )
     presets = (
         Preset(
@@ -442,7 +463,7 @@ class QuotaRace(Scenario):
         line += f", resync every {float(params.get('resync_seconds') or RESYNC_DEFAULT_S):g} s"
         if params.get("seconds"):
             line += f", {params['seconds']:g} s"
-        return line
+        return line + network_setup(params)
 
 
 scenario = QuotaRace()
