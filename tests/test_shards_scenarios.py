@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+from occviz.concurrency.latency import Network
 from occviz.jobs.models import Event, EventBatch, Job, JobShared
 from occviz.jobs.registry import ParamsError
 from occviz.jobs.tasks import create_job
 from occviz.scenarios.controllers.scenario import ControllersForm
+from occviz.scenarios.network import apply_latency_control
 from occviz.scenarios.quota.scenario import QuotaForm
 from occviz.store.models import Deployment, Pod
 from tests.helpers import output
@@ -48,6 +51,7 @@ def shard_of(summary: dict[str, Any], actor: int) -> int:
 QUOTA = [
     "runjob", "quota", "--pods", "80", "--hard", "20", "--request", "1", "--workers", "6", "--think-ms", "3",
     "--create-failure-rate", "0.25", "--resync-seconds", "1", "--seed", "7",
+    "--latency-ms", "1",  # every actor through a proxy of its own process, a shard's as the coordinator's
 ]  # fmt: skip
 
 
@@ -58,6 +62,7 @@ def test_a_quota_race_over_two_processes_admits_each_pod_once_and_never_over_har
         assert each["invariant_ok"] is True, each["invariant"]
         assert each["over_admitted"] == 0 and each["most_admitted_usage"] <= 20
         assert each["used_final"] == each["actual_final"] and each["settled"], "the leak was repaired"
+    assert summary["network"] == single["network"] and summary["network"]["latency_ms"] == 1, summary["network"]
     job = Job.objects.get(pk=summary["id"])
     events = assert_gapless_and_once(job)
     # One list of pods for both processes: each of the 80 decided once, by a worker of either.
@@ -134,3 +139,15 @@ def test_bad_processes_for_the_quota_and_controllers_are_refused_and_nothing_is_
     result = run_manage("runjob", "quota", "--pods", "5", "--processes", "0")
     assert result.returncode == 2 and "--processes: A job runs in 1 to 16 processes, not 0." in result.stderr
     assert not Job.objects.exists()
+
+
+def test_a_job_over_several_processes_keeps_the_latency_it_was_launched_with() -> None:
+    # The live control would reach only the coordinator's actors: refused in words, the latency unchanged.
+    network = Network("5")
+    try:
+        context = SimpleNamespace(params={"processes": 2}, recorder=None)
+        with pytest.raises(ValueError, match="a job over several processes keeps the latency it was launched with"):
+            apply_latency_control(context, network, "latency", 0.02)  # type: ignore[arg-type]
+        assert network.everyone == 5
+    finally:
+        network.close()
