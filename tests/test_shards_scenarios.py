@@ -9,6 +9,8 @@ in one: the summary's shape, the invariant, and every event stored once in one s
 from __future__ import annotations
 
 import json
+import os
+import signal
 from collections import Counter
 from types import SimpleNamespace
 from typing import Any
@@ -18,13 +20,13 @@ import pytest
 from occviz.concurrency.latency import Network
 from occviz.jobs.models import Event, EventBatch, Job, JobShared
 from occviz.jobs.registry import ParamsError
-from occviz.jobs.tasks import create_job
+from occviz.jobs.tasks import connections_needed, create_job
 from occviz.scenarios.controllers.scenario import ControllersForm
 from occviz.scenarios.network import apply_latency_control
 from occviz.scenarios.quota.scenario import QuotaForm
 from occviz.store.models import Deployment, Pod
-from tests.helpers import output
-from tests.test_shards import assert_gapless_and_once, start_manage
+from tests.helpers import output, wait_for
+from tests.test_shards import HOST, assert_gapless_and_once, running_shards, shards_of, start_manage
 
 __all__ = ["start_manage"]  # the fixture, used here by name
 
@@ -134,6 +136,10 @@ def test_bad_processes_for_the_quota_and_controllers_are_refused_and_nothing_is_
     form = ControllersForm(data={**controllers, "processes": " 2 "})
     assert form.is_valid() and form.cleaned_data["processes"] == 2
     assert ControllersForm(data=controllers).is_valid()
+    # Every shard's connections are admitted with the job, and the first's follower of the stored writes.
+    four = ControllersForm(data={**controllers, "controllers": 4, "processes": "2"})
+    assert four.is_valid()
+    assert connections_needed("controllers", four.cleaned_data) == 4 + 1 + 3 + 3 * 2 - 2
     result = run_manage("runjob", "controllers", "--controllers", "2", "--processes", "3")
     assert result.returncode == 2 and "--processes: 3 processes for 2 actors" in result.stderr, result.stderr
     result = run_manage("runjob", "quota", "--pods", "5", "--processes", "0")
@@ -151,3 +157,24 @@ def test_a_job_over_several_processes_keeps_the_latency_it_was_launched_with() -
         assert network.everyone == 5
     finally:
         network.close()
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["quota", "--pods", "500", "--hard", "500", "--workers", "4", "--think-ms", "20", "--seconds", "60"],
+        ["controllers", "--controllers", "4", "--seconds", "60", "--rate-per-s", "50"],
+    ],
+    ids=["quota", "controllers"],
+)
+def test_a_shard_of_either_killed_mid_job_fails_the_job_naming_it(start_manage, args: list[str]) -> None:  # type: ignore[no-untyped-def]
+    runjob = start_manage("runjob", *args, "--processes", "2")
+    job = wait_for(running_shards(2, events=50), timeout=60, what="the job's two shards to run")
+    victim = shards_of(job.pk)[1]
+    os.kill(victim.pid, signal.SIGKILL)
+    assert runjob.wait(30) == 1, output(runjob)
+    job.refresh_from_db()
+    assert job.status == Job.Status.FAILED
+    assert f"shard 1 of 2 (runshard:{HOST}:{victim.pid}) stopped renewing its heartbeat" in job.error, job.error
+    assert_gapless_and_once(job)
+    assert job.summary is not None and job.summary["events"] == job.last_seq

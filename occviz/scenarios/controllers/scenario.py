@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from django import forms
 
 from occviz.concurrency.retry import PRESETS
-from occviz.jobs.shards import MAX_PROCESSES, parse_processes
+from occviz.jobs.shards import MAX_PROCESSES, parse_processes, processes_of
 from occviz.scenarios.base import (
     ERROR,
     DecimalNumberField,
@@ -319,6 +319,10 @@ class Controllers(Scenario):
 
     def shard_actors(self, context: JobContext, plan: Mapping[str, Any]) -> list[Actor]:
         return job.shard_actors(context, plan)
+
+    def connections(self, params: Mapping[str, Any]) -> int:
+        # Over several processes, the first also follows the controllers' stored writes on a connection of its own.
+        return super().connections(params) + (1 if processes_of(params) > 1 else 0)
 
     def actor_name(self, number: int) -> str:
         return controller_name(number)
