@@ -15,7 +15,8 @@ import pytest
 from django.test import Client
 
 from occviz.jobs.models import Job
-from tests.test_shards import COUNTER, HOST, output, running_shards, shards_of, start_manage, wait_for
+from tests.helpers import output, wait_for
+from tests.test_shards import COUNTER, HOST, running_shards, shards_of, start_manage
 
 __all__ = ["start_manage"]  # the fixture, used here by name
 
