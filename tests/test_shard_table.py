@@ -37,7 +37,9 @@ def shards_fragment(client: Client, job: Job) -> str:
     return html
 
 
-def test_the_table_follows_the_shards_while_they_run_and_shows_why_one_failed(start_manage, admin_client) -> None:  # type: ignore[no-untyped-def]
+def test_the_table_follows_the_shards_while_they_run_and_shows_why_one_failed(  # type: ignore[no-untyped-def]
+    start_manage, admin_client, monkeypatch
+) -> None:
     runjob = start_manage(*COUNTER, "--writers", "3", "--seconds", "60", "--think-ms", "2", "--processes", "2")
     job = wait_for(running_shards(2), timeout=60, what="the job's two shards to run")
     coordinator, victim = shards_of(job.pk)
@@ -55,6 +57,12 @@ def test_the_table_follows_the_shards_while_they_run_and_shows_why_one_failed(st
     page = admin_client.get(f"/jobs/{job.pk}/").content.decode()
     assert page.count('<section id="shards"') == 1 and "2 processes" in page
 
+    # Stopped (SIGSTOP), shard 1 renews no heartbeat: past the page's bound its age is marked late, before the
+    # coordinator (whose bound is 2 s) fails it.
+    monkeypatch.setenv("OCCVIZ_SHARD_HEARTBEAT_TIMEOUT_S", "1")
+    os.kill(victim.pid, signal.SIGSTOP)
+    late = shard_rows(wait_for(lambda: "data-shard-late" in (html := shards_fragment(admin_client, job)) and html))
+    assert "data-shard-late" in late[1] and "data-shard-late" not in late[0], late
     os.kill(victim.pid, signal.SIGKILL)
     assert runjob.wait(30) == 1, output(runjob)
     job.refresh_from_db()

@@ -14,7 +14,7 @@ from django.db.models import DurationField, ExpressionWrapper, F
 from django.db.models.functions import Now
 
 from occviz.jobs.models import Job, JobShard
-from occviz.jobs.shards import processes_of
+from occviz.jobs.shards import heartbeat_timeout_s, processes_of
 from occviz.scenarios.base import Scenario
 
 
@@ -32,6 +32,8 @@ class ShardRow:
     """Why it failed or was stopped, when that is more than the word of its status ("" otherwise)."""
     heartbeat_s: float | None
     """How long ago its heartbeat was renewed, on PostgreSQL's clock (None: not yet claimed)."""
+    late: bool
+    """Running, with a heartbeat older than a shard may go without (its process died or stopped; it fails soon)."""
     ended_s: float | None
     """When it ended, in seconds from the job's start (None: not ended, or the job has no start)."""
 
@@ -60,6 +62,7 @@ def shard_table(job: Job, spec: Scenario | None) -> dict[str, Any] | None:
         return None
     age = ExpressionWrapper(Now() - F("heartbeat_at"), output_field=DurationField())
     rows = []
+    timeout = heartbeat_timeout_s()
     for shard in JobShard.objects.filter(job=job).annotate(age=age).order_by("index"):
         ended = (shard.finished_at - job.started_at).total_seconds() if shard.finished_at and job.started_at else None
         rows.append(
@@ -72,6 +75,9 @@ def shard_table(job: Job, spec: Scenario | None) -> dict[str, Any] | None:
                 status=shard.status,
                 why=_why(shard),
                 heartbeat_s=shard.age.total_seconds() if shard.age is not None else None,
+                late=shard.status == JobShard.Status.RUNNING
+                and shard.age is not None
+                and shard.age.total_seconds() > timeout,
                 ended_s=max(0.0, ended) if ended is not None else None,
             )
         )
