@@ -91,7 +91,10 @@ class CounterForm(ScenarioForm):
         required=False,
         initial="1",
         max_length=8,
-        help_text=f'The processes its writers are spread over: 1 to {MAX_PROCESSES}, or "auto" (one per core).',
+        label='Processes (or "auto")',
+        help_text=f"1: every writer in the job's one process. 2 to {MAX_PROCESSES}: the writers shared out among "
+        "that many processes, each taken by a worker (a job of 3 processes needs 3 workers; runjob needs none). "
+        '"auto": one per core, at most one per writer.',
     )
 
     def clean(self) -> dict[str, Any]:
