@@ -50,7 +50,16 @@ FINISHED: dict[str, dict[str, Any]] = {
 }
 # Slow ones: they share this process with the pages it opens.
 RUNNING: dict[str, dict[str, Any]] = {
-    "counter": {"strategy": "occ", "writers": 2, "seconds": 300, "think_ms": 50, "latency_ms": "5", "jitter_ms": 1},
+    # Over two processes (runjob's children): its page has the table of shards.
+    "counter": {
+        "strategy": "occ",
+        "writers": 2,
+        "seconds": 300,
+        "think_ms": 50,
+        "latency_ms": "5",
+        "jitter_ms": 1,
+        "processes": 2,
+    },
     "leader-election": {
         **FINISHED["leader-election"],
         "lease_duration": 3,
@@ -231,6 +240,13 @@ def test_every_page_of_a_job_answers(job_set: JobSet, viewer: Client, scenario: 
     subject = job_set.subject(scenario, state)
     assert subject.job.status == ("succeeded" if state == "finished" else "running")
     assert problems(viewer, page.url(subject)) == []
+
+
+@pytest.mark.slow
+def test_the_running_race_over_two_processes_shows_its_shards(job_set: JobSet, viewer: Client) -> None:
+    job = job_set.subject("counter", "running").job
+    page = viewer.get(f"/jobs/{job.pk}/").content.decode()
+    assert page.count('<tr data-shard="') == 2 and page.count('data-shard-status="running"') == 2
 
 
 @pytest.mark.slow

@@ -173,7 +173,8 @@ def test_one_writer_can_sit_further_away_than_the_others() -> None:
         )
         for writer in (1, 2)
     }
-    assert took[1] < 10 < 25 < took[2] < 40, took
+    # Writer 2 is 15 ms each way (jitter 1): a commit is at least its round trip, writer 1 far below it.
+    assert 25 < took[2] < 70 and took[1] < took[2] - 15, took
 
 
 # -- bad values ------------------------------------------------------------------------------------
@@ -204,7 +205,7 @@ def test_a_bad_latency_is_refused_and_no_job_is_made(latency: str, jitter: float
 def test_jitter_needs_a_latency_and_stays_within_bounds() -> None:
     with pytest.raises(ParamsError) as refused:
         create_job("counter", {"strategy": "occ", "jitter_ms": 5})
-    assert refused.value.errors == {"jitter_ms": ["Jitter varies a latency: give a latency too (0 connects directly)."]}
+    assert refused.value.errors == {"jitter_ms": ["Jitter varies a latency: give a latency too."]}
     with pytest.raises(ParamsError) as too_much:
         create_job("counter", {"strategy": "occ", "latency_ms": "5", "jitter_ms": 5000})
     assert list(too_much.value.errors) == ["jitter_ms"]
@@ -287,9 +288,8 @@ def test_the_live_control_changes_the_delay_of_a_running_job(signed_in: Client, 
     for event in Event.objects.filter(job=job, kind="committed").order_by("seq"):
         took["before" if event.seq < changed.seq else "after"].append(event.duration_ms)
     # One statement, one round trip: about 4 ms before, about 50 ms after.
-    assert statistics.median(took["before"]) < 15 and 45 < statistics.median(took["after"]) < 60, {
-        when: statistics.median(values) for when, values in took.items()
-    }
+    medians = {when: statistics.median(values) for when, values in took.items()}
+    assert 45 < medians["after"] < 100 and medians["before"] < medians["after"] - 30, medians
     assert (job.summary or {})["network"]["latency_ms"] == 25.0
 
 

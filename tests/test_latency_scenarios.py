@@ -67,7 +67,7 @@ def test_a_leader_elections_replicas_each_sit_their_latency_from_the_database() 
     # Never quicker than the round trip; slower by what the replica's own work takes on a busy machine.
     for number, took in writes.items():
         expected = 20.0 if number == 1 else 50.0
-        assert expected <= statistics.median(took) < expected + 15, (number, took)
+        assert expected <= statistics.median(took) < expected + 40, (number, took)
 
 
 def test_a_leader_election_without_a_latency_says_its_replicas_still_go_through_their_proxies() -> None:
@@ -75,7 +75,7 @@ def test_a_leader_election_without_a_latency_says_its_replicas_still_go_through_
     summary = job.summary or {}
     assert summary["invariant_ok"], summary["invariant"]
     assert summary["network"] == {"latency_ms": 0.0, "jitter_ms": 0.0, "proxied": True}
-    assert statistics.median(_durations(job, "renewed")) < 10
+    assert statistics.median(_durations(job, "renewed")) < 20  # no delay: far below the 20 ms of 10 ms each way
 
 
 # -- quota -----------------------------------------------------------------------------------------
@@ -92,7 +92,7 @@ def test_a_quota_races_admissions_go_through_the_proxy() -> None:
     assert len(admitted) == 3 and min(admitted) >= 4 * 14, admitted
     direct = _run("quota", **QUOTA)
     assert (direct.summary or {})["network"] == {"latency_ms": 0.0, "jitter_ms": 0.0, "proxied": False}
-    assert statistics.median(_durations(direct, "admitted", field="latency_ms")) < 30
+    assert statistics.median(_durations(direct, "admitted", field="latency_ms")) < min(admitted) - 25
 
 
 def test_routed_puts_this_threads_django_connection_behind_the_proxy_and_no_other_thread() -> None:
@@ -121,7 +121,7 @@ def test_routed_puts_this_threads_django_connection_behind_the_proxy_and_no_othe
             thread.start()
             thread.join()
         near = round_trip_ms()
-    assert 40 <= far < 55 and other[0] < 10 and near < 10, (far, other, near)
+    assert 40 <= far < 80 and other[0] < far - 25 and near < far - 25, (far, other, near)
 
 
 # -- controllers -----------------------------------------------------------------------------------
@@ -133,7 +133,7 @@ def test_a_controller_race_gets_and_writes_through_the_proxy() -> None:
     assert summary["invariant_ok"], summary
     assert summary["network"]["latency_ms_by_actor"] == {"2": 20.0}
     near, far = (statistics.median(_durations(job, "read", actor=n)) for n in (1, 2))
-    assert near < 10 and 40 <= far < 55, (near, far)
+    assert 40 <= far < 80 and near < far - 25, (near, far)
 
 
 # -- bad values ------------------------------------------------------------------------------------
@@ -251,4 +251,7 @@ def test_the_live_control_changes_the_delay_of_a_running_job(scenario: str, sign
     before = [e.duration_ms for e in Event.objects.filter(job=job, kind=timed, seq__lt=changed.seq)]
     # A statement already on its way when the delay changed may take either: the first after is left out.
     after = [e.duration_ms for e in Event.objects.filter(job=job, kind=timed, seq__gt=changed.seq)][1:]
-    assert statistics.median(before) < 10 and 40 <= statistics.median(after) < 55, (before, after)
+    assert 40 <= statistics.median(after) < 80 and statistics.median(before) < statistics.median(after) - 25, (
+        before,
+        after,
+    )

@@ -41,6 +41,7 @@ from occviz.scenarios import SCENARIOS
 from occviz.scenarios.base import Scenario
 from occviz.store import kinds as object_kinds
 from occviz.web import watch
+from occviz.web.shard_table import shard_table
 from occviz.web.yaml_text import yaml_text
 
 RECENT_JOBS = 15
@@ -205,6 +206,7 @@ def _job_context(request: HttpRequest, job: Job, control_note: str = "") -> dict
         "may_control": job.may_be_controlled_by(request.user),
         "params": sorted(job.params.items()),
         "summary": job.summary or {},
+        "shards": shard_table(job, spec),
         **_watched_objects(job),
     }
 
@@ -237,8 +239,8 @@ def job_detail(request: HtmxHttpRequest, job_id: int) -> HttpResponse:
     end_if_stale(job)
     context = _job_context(request, job)
     # The page's script asks for the controls again when the job ends (no more cancel button), and
-    # for its objects once it has made them.
-    if request.htmx and request.htmx.target in ("controls", "actor-controls", "watched-objects"):
+    # for its objects once it has made them; the table of its shards asks every second while the job runs.
+    if request.htmx and request.htmx.target in ("controls", "actor-controls", "watched-objects", "shards"):
         return render(request, f"web/job_detail.html#{request.htmx.target}", context)
     return render(request, "web/job_detail.html", {**context, "live": fragments.first_render_context(job_state(job))})
 

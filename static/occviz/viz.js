@@ -283,12 +283,18 @@
       // A scenario's own drawing under the marks (leadership bands, say).
       if (model.plugin.drawLanes) model.plugin.drawLanes(ctx, view);
       const from = firstAtOrAfter(events, t0 - T_SLACK_MS - 2000);
+      // Marks from before t0 (a live view scrolled on) stay right of the lanes' names, not drawn over them.
+      ctx.save();
+      ctx.beginPath();
+      ctx.rect(lay.left - 7, 0, width - lay.left + 7, lay.height); // the names end 8 px before lay.left
+      ctx.clip();
       for (let i = from; i < events.length; i++) {
         const e = events[i];
         if (e.t_ms > t1 + T_SLACK_MS) break;
         if (e.actor < 1 || e.actor > lanes) continue;
         this.mark(ctx, model.vocabulary.kind(e.kind), e, x, laneY(e.actor), lay.laneH, t0, t1);
       }
+      ctx.restore();
       if (cursor != null) {
         ctx.strokeStyle = "#111";
         ctx.lineWidth = 1.5;

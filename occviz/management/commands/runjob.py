@@ -206,4 +206,10 @@ def _readable(spec: Scenario, job: Job) -> str:
     lines.append(line)
     lines.append(f"  {summary.get('duration_s')} s; invariant {'holds' if summary.get('invariant_ok') else 'BROKEN'}:")
     lines.append(f"  {summary.get('invariant')}")
+    # A job over several processes: one line per shard, what it ran and where.
+    shards = summary.get("shards") or []
+    for shard in shards:
+        first, last = shard["actors"]
+        actors = f"{spec.actor_noun} {first}" if first == last else f"{spec.actor_noun}s {first}-{last}"
+        lines.append(f"  shard {shard['index']} of {len(shards)}: {actors} in {shard['runner'] or 'no process'}")
     return "\n".join(lines)

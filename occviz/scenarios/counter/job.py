@@ -22,6 +22,7 @@ from occviz.concurrency.writer import connected
 from occviz.scenarios.base import State
 from occviz.scenarios.counter.actors import STRATEGIES, CounterWriter, increment_until_done
 from occviz.scenarios.counter.summary import OutsideTally, summarize, tally_outside, tally_rows
+from occviz.scenarios.network import apply_latency_control, job_network
 from occviz.scenarios.outside import outside_write
 from occviz.store.models import Counter
 
@@ -100,14 +101,9 @@ def shard_actors(context: JobContext, plan: Mapping[str, Any]) -> list[Actor]:
         _outside_stored[context.job.pk] = (OutsideTally(), 0)
     # Forgotten with the shard's context, once it has ended; its writers' proxies closed then too.
     weakref.finalize(context, _forget_stored, context.job.pk)
-    network = _network(context.params, int(plan["seed"]))
+    network = job_network(context.params, int(plan["seed"]))
     weakref.finalize(context, network.close)
     return writers(context, names, int(plan["seed"]), network)
-
-
-def _network(params: Mapping[str, Any], seed: int) -> Network:
-    """Each writer's road to the server: direct, or through a proxy of this process a latency away."""
-    return Network(params.get("latency_ms") or "0", params.get("jitter_ms") or 0.0, seed=seed)
 
 
 def _forget_stored(job_id: int) -> None:
@@ -143,7 +139,7 @@ def run(context: JobContext) -> dict[str, Any]:
     seed = params["seed"] if params["seed"] is not None else random.randrange(2**32)
     limit_s = float(params["seconds"] or settings.OCCVIZ_MAX_SECONDS)
     # The latency changes live in a job of one process (a shard's proxies are its own).
-    network = _network(params, seed)
+    network = job_network(params, seed)
     context.on_control(lambda action, actor, seconds: set_latency(context, network, action, seconds))
     lanes, own_rows = iter(range(params["writers"] + 1, 2**31)), set(rows)
     with _outside_lock:
@@ -172,12 +168,9 @@ def run(context: JobContext) -> dict[str, Any]:
 
 def set_latency(context: JobContext, network: Network, action: str, seconds: float | None) -> None:
     """The live page's latency control: every writer's one-way delay from now on (`seconds`, in s)."""
-    if action != "latency" or seconds is None:
-        raise ValueError(f"unknown control {action!r}")
     if int(context.params.get("processes") or 1) > 1:
         raise ValueError("a job over several processes keeps the latency it was launched with")
-    network.set_latency(round(seconds * 1000.0, 3))
-    context.recorder.record(0, 0, 0, "latency_changed", detail={"latency_ms": network.everyone})
+    apply_latency_control(context, network, action, seconds)
 
 
 def record_outside_write(context: JobContext, rows: set[int], payload: Mapping[str, Any]) -> None:

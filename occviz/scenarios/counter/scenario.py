@@ -12,12 +12,10 @@ from typing import TYPE_CHECKING, Any
 from django import forms
 from django.conf import settings
 
-from occviz.concurrency.latency import MAX_LATENCY_MS, format_latencies, parse_latencies
 from occviz.concurrency.retry import LARGEST_FACTOR, LONGEST_WAIT_MS, PRESETS
 from occviz.jobs.shards import MAX_PROCESSES, parse_processes
 from occviz.scenarios.base import (
     ERROR,
-    Control,
     DecimalNumberField,
     EventKind,
     Figure,
@@ -31,6 +29,16 @@ from occviz.scenarios.base import (
 from occviz.scenarios.counter import job
 from occviz.scenarios.counter.actors import STRATEGIES
 from occviz.scenarios.counter.summary import FAILED_ATTEMPTS
+from occviz.scenarios.network import (
+    NETWORK_COMPARED,
+    NETWORK_FIELDS,
+    clean_network,
+    jitter_field,
+    latency_changed_kind,
+    latency_control,
+    latency_field,
+    network_setup,
+)
 from occviz.scenarios.outside import outside_conflict_kind, outside_deleted_kind
 from occviz.store.models import Counter, conflict_message
 
@@ -38,15 +46,6 @@ if TYPE_CHECKING:
     from occviz.jobs.context import Actor, JobContext
 
 DEFAULT_INCREMENTS = 100
-
-
-class _LatencyField(forms.CharField):
-    """`20 2=50` in one line of text; a number, or a list of words (the API's JSON), taken as that line."""
-
-    def to_python(self, value: Any) -> str:
-        if isinstance(value, list | tuple):
-            value = " ".join(str(word) for word in value)
-        return str(super().to_python(value))
 
 
 class CounterForm(ScenarioForm):
@@ -86,27 +85,16 @@ class CounterForm(ScenarioForm):
     seed = WholeNumberField(
         required=False, min_value=0, max_value=2**32 - 1, help_text="Seed for row choice and jitter."
     )
-    latency_ms = _LatencyField(
-        max_length=2000,
-        required=False,
-        initial="0",
-        label="Network latency (ms)",
-        help_text="Added one way to each writer's connection, both directions: 20 for every writer, "
-        "20 2=50 for writer 2 at 50. 0: direct, no proxy.",
-    )
-    jitter_ms = DecimalNumberField(
-        min_value=0,
-        max_value=MAX_LATENCY_MS,
-        required=False,
-        initial=0,
-        label="Jitter (ms)",
-        help_text="Each chunk's delay varies within +/- this (in order: none overtakes another).",
-    )
+    latency_ms = latency_field("writer", "20 for every writer, 20 2=50 for writer 2 at 50")
+    jitter_ms = jitter_field()
     processes = forms.CharField(
         required=False,
         initial="1",
         max_length=8,
-        help_text=f'The processes its writers are spread over: 1 to {MAX_PROCESSES}, or "auto" (one per core).',
+        label='Processes (or "auto")',
+        help_text=f"1: every writer in the job's one process. 2 to {MAX_PROCESSES}: the writers shared out among "
+        "that many processes, each taken by a worker (a job of 3 processes needs 3 workers; runjob needs none). "
+        '"auto": one per core, at most one per writer.',
     )
 
     def clean(self) -> dict[str, Any]:
@@ -125,7 +113,7 @@ class CounterForm(ScenarioForm):
         check_limit(self, "rows", data.get("rows"), "OCCVIZ_MAX_ROWS", "rows")
         check_limit(self, "think_ms", data.get("think_ms"), "OCCVIZ_MAX_THINK_MS", "ms of think time")
         check_limit(self, "max_attempts", data.get("max_attempts"), "OCCVIZ_MAX_ATTEMPTS", "attempts")
-        self._clean_network(data)
+        clean_network(self, data, data.get("writers"), "writer", scenario.actor_name)
         if data.get("increments") and data.get("think_ms") and not self.errors:
             floor_s = data["increments"] * data["think_ms"] / 1000.0
             if floor_s > settings.OCCVIZ_MAX_SECONDS:
@@ -135,17 +123,6 @@ class CounterForm(ScenarioForm):
                     f"{floor_s:.0f} s, more than the {settings.OCCVIZ_MAX_SECONDS} s a job may run.",
                 )
         return data
-
-    def _clean_network(self, data: dict[str, Any]) -> None:
-        """The latency as canonical text (`20 2=50`), each writer named one of the job's; jitter only with one."""
-        try:
-            everyone, by_writer = parse_latencies(str(data.get("latency_ms") or "0"), data.get("writers"), "writer")
-        except ValueError as error:
-            self.add_error("latency_ms", str(error))
-            return
-        data["latency_ms"] = format_latencies(everyone, by_writer)
-        if data.get("jitter_ms") and not (everyone or any(by_writer.values())):
-            self.add_error("jitter_ms", "Jitter varies a latency: give a latency too (0 connects directly).")
 
 
 # What the API server answers the loser of a race on a row (detail.name: the row's name).
@@ -162,22 +139,13 @@ class CounterRace(Scenario):
         "Retry policy": ("retry", "max_attempts", "base_ms", "factor", "cap_ms"),
         "Locks and isolation": ("lock", "isolation"),
         "Starting point": ("initial_value", "seed"),
-        "Network": ("latency_ms", "jitter_ms"),
+        "Network": NETWORK_FIELDS,
         "Processes": ("processes",),
     }
     actor_label = "writer {n}"
     actors_param = "writers"
     list_params = ("latency_ms",)
-    controls = (
-        Control(
-            "latency",
-            "set latency",
-            "Every writer's one-way delay to the database from now on (a job launched with a latency).",
-            per_actor=False,
-            seconds=(0.0, MAX_LATENCY_MS / 1000.0),
-            unit="ms",
-        ),
-    )
+    controls = (latency_control("writers"),)
     state_keys = ("rows",)
     state_template = "scenarios/counter.html"
     state_title = "Contended rows"
@@ -321,20 +289,7 @@ class CounterRace(Scenario):
             key=True,
             plural="outside writes",
         ),
-        EventKind(
-            "latency_changed",
-            "latency changed",
-            ("Every writer is now {detail.latency_ms} ms from the database, each way",),
-            "#4a5568",
-            "tick",
-            captions=(
-                "The network between the writers and the database now adds {detail.latency_ms} ms each way: "
-                "a longer round trip between a read and its compare-and-swap, a wider window for a conflict.",
-            ),
-            key=True,
-            plural="latency changes",
-            singular="latency change",
-        ),
+        latency_changed_kind("writers"),
         outside_conflict_kind(_CONFLICT_409),
         outside_deleted_kind("{detail.name}"),
         ERROR,
@@ -364,8 +319,7 @@ class CounterRace(Scenario):
         ("writers", "writers"),
         ("rows", "rows"),
         ("think_ms", "think time (ms)"),
-        ("network.latency_ms", "network latency, one way (ms)"),
-        ("network.jitter_ms", "network jitter (ms)"),
+        *NETWORK_COMPARED,
         ("attempts", "attempts"),
         ("committed", "committed"),
         ("conflicts", "conflicts"),
@@ -452,11 +406,7 @@ class CounterRace(Scenario):
             line += f", think {params['think_ms']:g} ms"
         if params.get("strategy") in {"occ", "pessimistic", "serializable"}:
             line += f", retry {params.get('retry')}"
-        if str(params.get("latency_ms") or "0") != "0":
-            line += f", latency {params['latency_ms']} ms"
-            if params.get("jitter_ms"):
-                line += f" ± {params['jitter_ms']:g}"
-        return line
+        return line + network_setup(params)
 
 
 scenario = CounterRace()
