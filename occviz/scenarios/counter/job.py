@@ -140,7 +140,7 @@ def run(context: JobContext) -> dict[str, Any]:
     limit_s = float(params["seconds"] or settings.OCCVIZ_MAX_SECONDS)
     # The latency changes live in a job of one process (a shard's proxies are its own).
     network = job_network(params, seed)
-    context.on_control(lambda action, actor, seconds: set_latency(context, network, action, seconds))
+    context.on_control(lambda action, actor, seconds: apply_latency_control(context, network, action, seconds))
     lanes, own_rows = iter(range(params["writers"] + 1, 2**31)), set(rows)
     with _outside_lock:
         _outside[job.pk] = OutsideTally()
@@ -164,13 +164,6 @@ def run(context: JobContext) -> dict[str, Any]:
             _outside.pop(job.pk, None)
     summary = summarize(params, figures, rows, context.elapsed_s, seed, tally, tally_outside(job.pk))
     return {**summary, "network": network.describe()}
-
-
-def set_latency(context: JobContext, network: Network, action: str, seconds: float | None) -> None:
-    """The live page's latency control: every writer's one-way delay from now on (`seconds`, in s)."""
-    if int(context.params.get("processes") or 1) > 1:
-        raise ValueError("a job over several processes keeps the latency it was launched with")
-    apply_latency_control(context, network, action, seconds)
 
 
 def record_outside_write(context: JobContext, rows: set[int], payload: Mapping[str, Any]) -> None:
