@@ -47,14 +47,16 @@
       this.textBaseline = "alphabetic";
       this.dash = [];
       this.matrix = [1, 0, 0, 1, 0, 0];
+      this.clipId = null; // the clip path in force (clip()), until the restore() that ends it
+      this.clips = 0;
       this.beginPath();
       // Text is measured as the canvas would measure it.
       this.measurer = document.createElement("canvas").getContext("2d");
     }
 
     save() {
-      const { font, fillStyle, strokeStyle, lineWidth, globalAlpha, textAlign, textBaseline, dash, matrix } = this;
-      this.stack.push({ font, fillStyle, strokeStyle, lineWidth, globalAlpha, textAlign, textBaseline, dash, matrix });
+      const { font, fillStyle, strokeStyle, lineWidth, globalAlpha, textAlign, textBaseline, dash, matrix, clipId } = this;
+      this.stack.push({ font, fillStyle, strokeStyle, lineWidth, globalAlpha, textAlign, textBaseline, dash, matrix, clipId });
     }
 
     restore() {
@@ -88,12 +90,25 @@
       return this.measurer.measureText(text);
     }
 
-    emit(tag, attributes, content) {
+    transformAttribute() {
       const m = this.matrix;
       const identity = m[0] === 1 && m[1] === 0 && m[2] === 0 && m[3] === 1 && m[4] === 0 && m[5] === 0;
-      const transform = identity ? "" : ` transform="matrix(${m.map(n).join(" ")})"`;
+      return identity ? "" : ` transform="matrix(${m.map(n).join(" ")})"`;
+    }
+
+    emit(tag, attributes, content) {
+      const transform = this.transformAttribute();
       const alpha = this.globalAlpha < 1 ? ` opacity="${n(this.globalAlpha)}"` : "";
-      this.elements.push(content == null ? `<${tag}${attributes}${transform}${alpha}/>` : `<${tag}${attributes}${transform}${alpha}>${content}</${tag}>`);
+      const element = content == null ? `<${tag}${attributes}${transform}${alpha}/>` : `<${tag}${attributes}${transform}${alpha}>${content}</${tag}>`;
+      // In a group without a transform, so the clip path stays in the drawing's own coordinates.
+      this.elements.push(this.clipId ? `<g clip-path="url(#${this.clipId})">${element}</g>` : element);
+    }
+
+    clip() {
+      // The current path, as drawn under the transform in force now, limits what is drawn until restore().
+      const id = `clip-${++this.clips}`;
+      this.elements.push(`<clipPath id="${id}"><path d="${this.path.join("")}"${this.transformAttribute()}/></clipPath>`);
+      this.clipId = id;
     }
 
     strokeAttributes() {
