@@ -116,7 +116,9 @@ def test_a_failover_is_a_key_moment_live_and_replay_says_the_same(page: Page, ap
     expect(page.locator("[data-captions-toggle]")).to_have_attribute("aria-pressed", "true")
 
     # The failover stays pinned among the key moments, however many renewals and back-offs follow.
-    failover = page.locator("#key-moments li[data-kind=acquired]", has_text=re.compile(r"after replica-\d was killed"))
+    failover = page.locator(
+        "#key-moments li[data-kind=acquired]", has_text=re.compile(r"after replica-\d (\(process \d+\) )?was killed")
+    )
     expect(failover).to_have_count(1, timeout=15_000)
     expect(failover).to_contain_text("never by the holder's renewTime")
     expect(page.locator("#key-moments li[data-kind=killed]")).to_have_count(1)
