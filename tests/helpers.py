@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -84,3 +85,20 @@ def manage_children(
 def output(child: subprocess.Popen[str]) -> tuple[str, str]:
     """What a child of `manage_children` printed so far: (stdout, stderr)."""
     return child.out_path.read_text(), child.err_path.read_text()  # type: ignore[attr-defined]
+
+
+class JobThread(threading.Thread):
+    """`run_job(job_id)` in a thread of this test process, on its own connections; `ran` holds the job it returns."""
+
+    def __init__(self, job_id: int) -> None:
+        super().__init__(name=f"job-{job_id}-runner")
+        self.job_id = job_id
+        self.ran: list[Job] = []
+
+    def run(self) -> None:
+        from django.db import connections
+
+        try:
+            self.ran.append(run_job(self.job_id))
+        finally:
+            connections.close_all()

@@ -14,12 +14,11 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.db import connection, connections
+from django.db import connection
 
 from occviz.jobs.context import JobContext
 from occviz.jobs.models import Event, Job
 from occviz.jobs.recorder import EventRecorder
-from occviz.jobs.runner import run_job
 from occviz.jobs.tasks import create_job
 from occviz.scenarios.leader_election.actors import LeaderElection, TimedControl, create_objects, objects_of
 from occviz.scenarios.leader_election.connection import ReplicaConnection
@@ -34,7 +33,7 @@ from occviz.scenarios.leader_election.summary import (
     summarize,
 )
 from occviz.store.models import Counter, Lease
-from tests.helpers import wait_for
+from tests.helpers import JobThread, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -496,15 +495,8 @@ def test_a_jobs_duration_is_its_run_time_after_its_replicas_were_killed_and_othe
     seconds = 4.0
     params = {"replicas": 2, "lease_duration": 1, "renew_deadline": 0.7, "retry_period": 0.2, "seconds": seconds}
     job = create_job("leader-election", params)
-    ran: list[Job] = []
-
-    def run() -> None:
-        try:
-            ran.append(run_job(job.pk))
-        finally:
-            connections.close_all()
-
-    runner = threading.Thread(target=run)
+    runner = JobThread(job.pk)
+    ran = runner.ran
     runner.start()
     try:
         wait_for(lambda: Event.objects.filter(job=job, kind="acquired").exists(), what="a leader")

@@ -13,14 +13,13 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
-from django.db import connection, connections
+from django.db import connection
 from django.test import Client
 
 from occviz.jobs.models import Event, Job
@@ -32,7 +31,7 @@ from occviz.scenarios.leader_election.actors import LeaderElection
 from occviz.scenarios.leader_election.replica import ReplicaProcess, process_state
 from occviz.scenarios.leader_election.summary import describe_failover, sentence
 from occviz.store.models import Lease
-from tests.helpers import wait_for
+from tests.helpers import JobThread, wait_for
 from tests.test_leader_election import FAST, KILL_BOUND_S, Run, assert_safe
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -289,15 +288,8 @@ def test_a_jobs_replicas_are_processes_by_default_and_its_page_and_summary_name_
     job = create_job("leader-election", {**params, "kill_leader_at": 1.5}, alice)
     assert job.params["replicas_as"] == "processes"
     spec = SCENARIOS["leader-election"]
-    ran: list[Job] = []
-
-    def run() -> None:
-        try:
-            ran.append(run_job(job.pk))
-        finally:
-            connections.close_all()
-
-    runner = threading.Thread(target=run)
+    runner = JobThread(job.pk)
+    ran = runner.ran
     runner.start()
     try:
         state = wait_for(

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from django.db import connection, connections
+from django.db import connection
 from django.test import Client
 
 from occviz.jobs.models import Event, Job, JobControl
@@ -28,6 +28,7 @@ from occviz.steps.builtin import BUILTINS
 from occviz.steps.engine import BLOCKED_AFTER_S, Session, StepRefused
 from occviz.steps.postgres import SCHEMA_PREFIX, PostgresDialect
 from occviz.steps.script import parse
+from tests.helpers import JobThread
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -248,15 +249,8 @@ def wait_events(job: Job, count: int) -> list[Event]:
 
 def test_a_job_stepped_by_hand_blocks_refuses_goes_on_replays_and_exports(signed_in: Client, alice: Any) -> None:
     job = create_job("step", {"script": "for-update-wait", "pace": "by hand"}, alice)
-    ran: list[Job] = []
-
-    def run() -> None:
-        try:
-            ran.append(run_job(job.pk))
-        finally:
-            connections.close_all()
-
-    runner = threading.Thread(target=run)
+    runner = JobThread(job.pk)
+    ran = runner.ran
     runner.start()
     try:
         wait_events(job, 2)  # both actors connected
@@ -360,15 +354,8 @@ def test_a_schema_left_by_a_job_that_died_is_dropped_by_the_next_step_job() -> N
 def start_by_hand(params: dict[str, Any], steps: tuple[int, ...]) -> tuple[Job, threading.Thread, list[Job]]:
     """A by-hand job running in a thread, stepped as `steps` say (actor numbers), each step reported before the next."""
     job = create_job("step", {"pace": "by hand", **params})
-    ran: list[Job] = []
-
-    def run() -> None:
-        try:
-            ran.append(run_job(job.pk))
-        finally:
-            connections.close_all()
-
-    runner = threading.Thread(target=run)
+    runner = JobThread(job.pk)
+    ran = runner.ran
     runner.start()
     count = len(parse(BUILTINS[params["script"]].text).actors)
     wait_events(job, count)
@@ -432,15 +419,8 @@ def test_next_line_takes_the_script_in_its_written_order_and_waits_for_a_blocked
 
 def test_a_job_stepped_line_by_line_from_its_page_ends_by_itself(signed_in: Client, alice: Any) -> None:
     job = create_job("step", {"script": "lost-update", "pace": "by hand"}, alice)
-    ran: list[Job] = []
-
-    def run() -> None:
-        try:
-            ran.append(run_job(job.pk))
-        finally:
-            connections.close_all()
-
-    runner = threading.Thread(target=run)
+    runner = JobThread(job.pk)
+    ran = runner.ran
     runner.start()
     try:
         wait_events(job, 2)
