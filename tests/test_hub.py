@@ -68,7 +68,9 @@ def test_a_row_lock_wait_lets_the_others_run_and_ends_when_the_holder_commits() 
         for _ in range(10):
             session.one("SELECT count(*) FROM store_counter", [])
 
-    hub.run([on_hub(hub, steps, name, body) for name, body in (("holder", holder), ("waiter", waiter), ("by", bystander))])
+    hub.run(
+        [on_hub(hub, steps, name, body) for name, body in (("holder", holder), ("waiter", waiter), ("by", bystander))]
+    )
     assert steps.index("by ends") < steps.index("holder commits") < steps.index("waiter read 7")
 
 
