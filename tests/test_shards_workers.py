@@ -100,7 +100,7 @@ def test_a_worker_killed_after_claiming_a_shard_before_it_arrived_has_the_coordi
                 "SELECT count(*) FROM pg_locks WHERE relation = 'store_counter'::regclass AND NOT granted"
             ).fetchall()
             shard = JobShard.objects.get(job=job, index=1)
-            return (shard.status, shard.pid, shard.arrived_at, waiting) == ("running", w2.pid, None, 1)
+            return (shard.status, shard.pid, shard.arrived_at) == ("running", w2.pid, None) and waiting >= 1
 
         wait_for(held, 60, "w2 to claim shard 1 and wait for the counters")
         # Alive, a claimed shard renews its heartbeat while it rebuilds its actors: it stays w2's.
