@@ -52,7 +52,8 @@ def on_remote(remote_database: str, django_db_blocker: Any, monkeypatch: pytest.
 
 @pytest.fixture
 def workers(on_remote: str, network: Network, tmp_path: Path) -> Iterator[Workers]:
-    with Workers(on_remote, network, tmp_path) as started:
+    # A shard's task waits for the other host's worker, however slow its start (not the coordinator's 2 s).
+    with Workers(on_remote, network, tmp_path, env={"OCCVIZ_SHARD_CLAIM_S": "60"}) as started:
         yield started
 
 

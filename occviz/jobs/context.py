@@ -168,8 +168,8 @@ class JobContext:
         if shard is not None:
             if shard.coordinator:
                 shard.make_rows(len(actors), plan or {}, limit_s)
+                shard.start_watch(self)  # the other shards' from their claim (run_shard)
             numbered = numbered[shard.first - 1 : shard.last]
-            shard.start_watch(self)
 
         def release() -> None:
             self.recorder.start_clock()

@@ -158,7 +158,8 @@ def run_job(job_id: int, *, runner: str | None = None, shards: str = "tasks") ->
 
     `runner` names this process on the job row (default: `runner_id("worker")`). A job over
     several processes starts its other shards as `shards` says: "tasks" for any worker to
-    claim, or "children", processes of this one (runjob's way).
+    claim, or "children", processes of this one (runjob's way). A shard no worker takes in
+    time, or whose process dies before the release, is started again as a child (Shard).
     """
     job = Job.objects.get(pk=job_id)
     if not _start(job, runner or runner_id("worker")):
@@ -168,14 +169,12 @@ def run_job(job_id: int, *, runner: str | None = None, shards: str = "tasks") ->
     recorder = context.recorder
     processes = processes_of(job.params)
     children: ChildShards | None = None
-    launch: Callable[[int], None]
     if processes > 1:
-        if shards == "children":
-            children = ChildShards(job.pk)
-            launch = children.launch
-        else:
-            launch = _enqueue_shard(job.pk)
-        context.shard = Shard(job, 0, processes, launch=launch, launch_kind=shards, runner=job.runner)
+        children = ChildShards(job.pk)
+        launch = children.launch if shards == "children" else _enqueue_shard(job.pk)
+        context.shard = Shard(
+            job, 0, processes, launch=launch, launch_kind=shards, take_over=children.launch, runner=job.runner
+        )
         recorder.interleaved = True
     heartbeat = Heartbeat(job.pk, job.runner, on_lost=lambda: context.request_stop("ended elsewhere"))
     with _running_lock:
@@ -263,9 +262,12 @@ def run_shard(job_id: int, index: int, *, runner: str | None = None) -> str:
         _running[job.pk] = context
         if _stopping_reason is not None:
             context.request_stop(_stopping_reason)
+    # Its heartbeat from the claim on: a shard rebuilding its actors is not taken for dead.
+    shard.start_watch(context)
     try:
         outcome = _run_program(runnable, context, slot=job.pk + index, shard=True)
     finally:
+        shard.stop_watch()
         with _running_lock:
             _running.pop(job.pk, None)
     if outcome.error and not context.errors:

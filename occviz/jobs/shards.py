@@ -11,6 +11,10 @@ stored objects (its program's `shard_actors(context, plan)`) and keeps its own s
   (`released_at`); every shard turns it into its own clock, waits for it, and starts its
   actors' clock there, so all the shards' event times count from one moment. A shard that has
   not arrived within OCCVIZ_SHARD_ARRIVAL_S fails the job with why.
+- No shard waits for a worker that is not there: one that no worker claimed within
+  OCCVIZ_SHARD_CLAIM_S (every worker busy), or whose worker died after claiming it and before
+  arriving, the coordinator starts itself, as a `runshard` child (ChildShards), and the
+  shard's row names that process. After the release, a shard whose process dies fails the job.
 - One sequence: each shard has its own recorder, and each batch takes its numbers from the job
   row in the transaction that stores it, so the shards' batches interleave without a gap.
 - The watch: each shard renews its row's heartbeat every WATCH_INTERVAL_S and reads the
@@ -37,6 +41,7 @@ from typing import Any, Protocol
 
 from django.conf import settings
 from django.db import Error, connection
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from occviz.jobs.models import Job, JobShard
@@ -75,6 +80,11 @@ def _setting(name: str, default: float) -> float:
 def arrival_bound_s() -> float:
     """How long the coordinator waits for every shard to arrive at the barrier (OCCVIZ_SHARD_ARRIVAL_S, 30)."""
     return _setting("OCCVIZ_SHARD_ARRIVAL_S", 30.0)
+
+
+def claim_bound_s() -> float:
+    """How long a shard's task waits for a worker before the coordinator starts it itself (OCCVIZ_SHARD_CLAIM_S, 2)."""
+    return _setting("OCCVIZ_SHARD_CLAIM_S", 2.0)
 
 
 def heartbeat_timeout_s() -> float:
@@ -129,7 +139,9 @@ class ShardStopped(Exception):
 class Shard:
     """This process's part of a job over several processes: its slice, the barrier and the watch.
 
-    `launch(index)` (the coordinator's only) starts shard `index` elsewhere.
+    `launch(index)` (the coordinator's only) starts shard `index` elsewhere, as `launch_kind`
+    says ("tasks" or "children"); `take_over(index)` starts it in a process of the coordinator's
+    own, for a shard that no worker claimed in time or whose worker died before it arrived.
     """
 
     def __init__(
@@ -140,6 +152,7 @@ class Shard:
         *,
         launch: Callable[[int], None] | None = None,
         launch_kind: str = "tasks",
+        take_over: Callable[[int], None] | None = None,
         runner: str = "",
     ) -> None:
         self.job_id = job.pk
@@ -147,6 +160,7 @@ class Shard:
         self.processes = processes
         self.launch = launch
         self.launch_kind = launch_kind
+        self.take_over = take_over
         self.runner = runner
         self.first = self.last = 0
         self.plan: dict[str, Any] = {}
@@ -157,6 +171,9 @@ class Shard:
         self._watch: threading.Thread | None = None
         self._reported: set[int] = set()
         self._lock = threading.Lock()
+        self._made_at = 0.0
+        """When the coordinator made the rows (its monotonic clock): a task's claim is awaited from then."""
+        self._taken_over: set[int] = set()
 
     @property
     def coordinator(self) -> bool:
@@ -191,6 +208,7 @@ class Shard:
             for index, (first, last) in enumerate(slices(actors, self.processes))
         ]
         JobShard.objects.bulk_create(rows)
+        self._made_at = time.monotonic()
         self.first, self.last, self.plan = rows[0].first_actor, rows[0].last_actor, plan
         self.time_limit_s = time_limit_s
         assert self.launch is not None
@@ -208,10 +226,14 @@ class Shard:
         )
         if not moved:
             return None
-        row = JobShard.objects.get(job_id=self.job_id, index=self.index)
+        row = self._mine().get()
         self.first, self.last = row.first_actor, row.last_actor
         self.plan, self.time_limit_s = dict(row.plan.get("program") or {}), row.plan.get("time_limit_s")
         return row
+
+    def _mine(self) -> QuerySet[JobShard]:
+        """This shard's row while this process holds it: one handed back to another process is not mine any more."""
+        return JobShard.objects.filter(job_id=self.job_id, index=self.index, pid=os.getpid(), host=socket.gethostname())
 
     # -- the watch -------------------------------------------------------------------------
 
@@ -247,31 +269,33 @@ class Shard:
             if mine:
                 cursor.execute(
                     "UPDATE jobs_jobshard SET status = %s, error = %s, heartbeat_at = now() "
-                    "WHERE job_id = %s AND index = %s AND status = 'running'",
-                    [mine, self._why(context), self.job_id, self.index],
+                    "WHERE job_id = %s AND index = %s AND status = 'running' AND pid = %s AND host = %s",
+                    [mine, self._why(context), self.job_id, self.index, os.getpid(), socket.gethostname()],
                 )
             else:
                 cursor.execute(
                     "UPDATE jobs_jobshard SET heartbeat_at = now() "
-                    "WHERE job_id = %s AND index = %s AND status = 'running'",
-                    [self.job_id, self.index],
+                    "WHERE job_id = %s AND index = %s AND status = 'running' AND pid = %s AND host = %s",
+                    [self.job_id, self.index, os.getpid(), socket.gethostname()],
                 )
             renewed = cursor.rowcount == 1
             cursor.execute(
-                "SELECT s.index, s.runner, s.status, s.error, extract(epoch FROM now() - s.heartbeat_at), j.status "
+                "SELECT s.index, s.runner, s.status, s.error, extract(epoch FROM now() - s.heartbeat_at), "
+                "s.arrived_at IS NOT NULL, j.status "
                 "FROM jobs_jobshard s JOIN jobs_job j ON j.id = s.job_id WHERE s.job_id = %s ORDER BY s.index",
                 [self.job_id],
             )
             shards = cursor.fetchall()
         if not shards:
             return
-        if shards[0][5] != Job.Status.RUNNING:
+        if shards[0][6] != Job.Status.RUNNING:
             context.request_stop("ended elsewhere")
             return
         if not renewed and not mine:
-            context.request_stop("ended elsewhere")  # the coordinator marked this shard failed or stopped
+            # The coordinator marked this shard failed or stopped, or handed it to another process.
+            context.request_stop("ended elsewhere")
         timeout = heartbeat_timeout_s()
-        for index, runner, status, error, age, _ in shards:
+        for index, runner, status, error, age, arrived, _ in shards:
             if index == self.index:
                 continue
             if status == JobShard.Status.FAILED:
@@ -281,7 +305,8 @@ class Shard:
                     context.request_stop("cancelled" if error == "cancelled" else "stopped")
                 else:  # its process was asked to stop (a signal to its worker): the job cannot be whole
                     self._fail(context, index, f"{self._name(index, runner)} was stopped: {error}")
-            elif status == JobShard.Status.RUNNING and age is not None and float(age) > timeout:
+            elif status == JobShard.Status.RUNNING and float(age or 0) > timeout and (arrived or index == 0):
+                # One that died before arriving the coordinator starts again instead (_start_missing).
                 self._stale(context, index, runner, float(age))
 
     @staticmethod
@@ -330,9 +355,9 @@ class Shard:
 
         ShardStopped if the actors are not to start (the reason is in the job's errors, on the coordinator).
         """
-        JobShard.objects.filter(job_id=self.job_id, index=self.index).update(
-            arrived_at=timezone.now(), heartbeat_at=timezone.now()
-        )
+        if not self._mine().update(arrived_at=timezone.now(), heartbeat_at=timezone.now()):
+            context.request_stop("ended elsewhere")
+            raise ShardStopped("its row was handed to another process")
         bound = arrival_bound_s()
         deadline = time.monotonic() + bound + (0 if self.coordinator else bound)
         while True:
@@ -342,7 +367,7 @@ class Shard:
             with connection.cursor() as cursor:
                 cursor.execute(
                     "SELECT s.index, s.status, s.arrived_at IS NOT NULL, s.released_at, s.runner, "
-                    "clock_timestamp(), j.status "
+                    "clock_timestamp(), j.status, extract(epoch FROM clock_timestamp() - s.heartbeat_at) "
                     "FROM jobs_jobshard s JOIN jobs_job j ON j.id = s.job_id WHERE s.job_id = %s ORDER BY s.index",
                     [self.job_id],
                 )
@@ -367,23 +392,62 @@ class Shard:
                 if wait > 0:
                     time.sleep(wait)
                 return release
+            if self.coordinator:
+                self._start_missing(shards)
             if time.monotonic() > deadline:
                 missing = [row for row in shards if not row[2]]
                 self._never_arrived(context, missing, bound)
             time.sleep(BARRIER_POLL_S)
 
+    def _start_missing(self, shards: Sequence[tuple[Any, ...]]) -> None:
+        """The coordinator before the release: start here each shard that would otherwise never arrive.
+
+        A shard's task no worker claimed within claim_bound_s() (every worker busy, or none
+        running), and a shard whose process claimed it, then stopped renewing its heartbeat
+        before arriving (it died): that one is handed back first, by compare-and-swap, so a
+        shard arriving meanwhile keeps its row. Either is then claimed by a `runshard` process of
+        this one, or by a worker that got there first; a worker claiming it later does nothing.
+        """
+        if self.take_over is None:
+            return
+        timeout = heartbeat_timeout_s()
+        for index, status, arrived, _, runner, _, _, age in shards[1:]:
+            if arrived:
+                continue
+            if status == JobShard.Status.WAITING:
+                if self.launch_kind != "tasks" or index in self._taken_over:
+                    continue
+                if time.monotonic() - self._made_at < claim_bound_s():
+                    continue
+                why = f"no worker claimed it within {claim_bound_s():g} s"
+            elif status == JobShard.Status.RUNNING and age is not None and float(age) > timeout:
+                if not self._hand_back(index, timeout):
+                    continue
+                why = f"{self._name(index, runner)} stopped renewing its heartbeat before it arrived (its process died)"
+            else:
+                continue
+            logger.warning("job %s shard %s: %s: starting it in a process of this one", self.job_id, index, why)
+            self._taken_over.add(index)
+            self.take_over(index)
+
+    def _hand_back(self, index: int, timeout: float) -> bool:
+        """Shard `index` claimed, not arrived, silent longer than `timeout`: waiting again; False if not so now."""
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "UPDATE jobs_jobshard SET status = 'waiting', runner = '', pid = NULL, host = '', heartbeat_at = NULL "
+                "WHERE job_id = %s AND index = %s AND status = 'running' AND arrived_at IS NULL "
+                "AND heartbeat_at < now() - make_interval(secs => %s)",
+                [self.job_id, index, timeout],
+            )
+            return cursor.rowcount == 1
+
     def _never_arrived(self, context: Stoppable, missing: Sequence[tuple[Any, ...]], bound: float) -> None:
         if not self.coordinator:
             context.request_stop("stopped")
             raise ShardStopped("the release never came")
-        index, status = missing[0][0], missing[0][1]
-        where = (
-            "a job of {n} processes needs {n} workers (one runs it, {others} more take its shards)"
-            if self.launch_kind == "tasks"
-            else "its process did not connect"
-        ).format(n=self.processes, others=self.processes - 1)
-        claimed = "" if status == JobShard.Status.WAITING else f", claimed by {missing[0][4]}"
-        reason = f"shard {index} of {self.processes} never arrived within {bound:g} s{claimed}: {where}"
+        index, status, runner = missing[0][0], missing[0][1], missing[0][4]
+        why = "no process took it" if status == JobShard.Status.WAITING else f"{runner} took it and did not connect"
+        reason = f"shard {index} of {self.processes} never arrived within {bound:g} s: {why}"
         # The shards not arrived are stopped: one claimed later finds its row taken and does nothing.
         JobShard.objects.filter(
             job_id=self.job_id, index__in=[row[0] for row in missing], status__in=["waiting", "running"]
@@ -399,7 +463,7 @@ class Shard:
         status = self._stopping_status(context) or (
             JobShard.Status.STOPPED if context.stop_reason in ("stopped", "failed", "ended elsewhere") else "done"
         )
-        mine = JobShard.objects.filter(job_id=self.job_id, index=self.index)
+        mine = self._mine()
         mine.filter(status=JobShard.Status.RUNNING).update(
             status=status, error="" if status == "done" else self._why(context)
         )
@@ -465,6 +529,7 @@ __all__ = [
     "Shard",
     "ShardStopped",
     "arrival_bound_s",
+    "claim_bound_s",
     "heartbeat_timeout_s",
     "parse_processes",
     "processes_of",

@@ -22,7 +22,7 @@ from occviz.scenarios.base import Scenario
 class ShardRow:
     index: int
     kind: str
-    """What runs it: "worker" (a `manage.py worker`), "runjob", "runshard" (runjob's child)."""
+    """What runs it: "worker" (a `manage.py worker`), "runjob", "runshard" (a child of runjob or of a worker)."""
     host: str
     pid: int | None
     actors: str

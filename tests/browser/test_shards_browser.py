@@ -1,7 +1,7 @@
 """A teacher launches a counter race over two processes from the form and watches its shards on the job page.
 
-Against Daphne and two db_workers on the test database (a job of two processes needs two: one
-runs it, the other takes its second shard): the form's Processes field, the running page's
+Against Daphne and two db_workers on the test database (one runs the job, the other takes its
+second shard): the form's Processes field, the running page's
 table of shards changing as the rows do, the finished page's, and presenter mode without pids.
 Screenshots at 1400x900 and 1280x720 go to artifacts/.
 """

@@ -93,7 +93,7 @@ class CounterForm(ScenarioForm):
         max_length=8,
         label='Processes (or "auto")',
         help_text=f"1: every writer in the job's one process. 2 to {MAX_PROCESSES}: the writers shared out among "
-        "that many processes, each taken by a worker (a job of 3 processes needs 3 workers; runjob needs none). "
+        "that many processes, each taken by a free worker, or started by the job's own when none is free. "
         '"auto": one per core, at most one per writer.',
     )
 
