@@ -243,10 +243,14 @@ def test_every_page_of_a_job_answers(job_set: JobSet, viewer: Client, scenario: 
 
 
 @pytest.mark.slow
-def test_the_running_race_over_two_processes_shows_its_shards(job_set: JobSet, viewer: Client) -> None:
+def test_the_running_race_over_two_processes_shows_its_shards_on_its_page_and_replay(
+    job_set: JobSet, viewer: Client
+) -> None:
     job = job_set.subject("counter", "running").job
-    page = viewer.get(f"/jobs/{job.pk}/").content.decode()
-    assert page.count('<tr data-shard="') == 2 and page.count('data-shard-status="running"') == 2
+    for url in (f"/jobs/{job.pk}/", f"/jobs/{job.pk}/replay/"):
+        page = viewer.get(url).content.decode()
+        assert page.count('<tr data-shard="') == 2 and page.count('data-shard-status="running"') == 2, url
+        assert f'hx-get="/jobs/{job.pk}/"' in page, "the table asks the job page for itself"
 
 
 @pytest.mark.slow

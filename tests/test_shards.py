@@ -10,6 +10,7 @@ import json
 import os
 import re
 import signal
+import statistics
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -21,7 +22,7 @@ from asgiref.sync import sync_to_async
 from django.db import connection
 
 from occviz.jobs.figures import RunningTotals
-from occviz.jobs.models import Event, EventBatch, Job, JobShard
+from occviz.jobs.models import Event, EventBatch, Job, JobControl, JobShard
 from occviz.jobs.reaper import end_stale_jobs
 from occviz.jobs.recorder import EventRecorder
 from occviz.jobs.registry import ParamsError, program
@@ -158,6 +159,42 @@ def test_a_shard_killed_mid_job_fails_the_job_naming_it_and_the_other_shards_sto
     # Nothing after the last stored event is claimed: the sequence ends where the store does.
     assert_gapless_and_once(job)
     assert job.summary is not None and job.summary["events"] == job.last_seq
+
+
+def test_the_latency_control_reaches_the_writers_of_every_process(start_manage) -> None:  # type: ignore[no-untyped-def]
+    """Set mid-job, the latency slows the reads of both processes' writers; one event; the summary says it."""
+    args = ["--writers", "4", "--seconds", "6", "--think-ms", "2", "--latency-ms", "1", "--processes", "2", "--json"]
+    runjob = start_manage(*COUNTER, *args)
+    job = wait_for(running_shards(2, events=100), timeout=60, what="the job's two shards to run")
+    refused = [job.request_control("latency", seconds=bad) for bad in (2.5, -0.001)]
+    waiting = JobControl.objects.filter(job_id=job.pk, applied_at=None)
+    wait_for(lambda: not waiting.exists(), timeout=10, what="the bad latencies' outcomes")
+    for bad in refused:
+        bad.refresh_from_db()
+        assert "give a number of ms from 0 to 2000" in bad.outcome, bad.outcome
+    control = job.request_control("latency", seconds=0.03)
+    assert runjob.wait(60) == 0, output(runjob)
+    summary = json.loads(output(runjob)[0])
+    control.refresh_from_db()
+    assert control.applied_at is not None and control.outcome == ""
+    assert summary["invariant_ok"] is True and summary["network"]["latency_ms"] == 30.0, summary["network"]
+    changed = Event.objects.get(job_id=job.pk, kind="latency_changed")  # recorded once, by the coordinator
+    assert changed.detail == {"latency_ms": 30.0}
+    reads = Event.objects.filter(job_id=job.pk, kind="read")
+    for shard in summary["shards"]:
+        own = [e for e in reads if shard["actors"][0] <= e.actor <= shard["actors"][1]]
+        before = [e.duration_ms for e in own if e.t_ms < changed.t_ms]
+        # Started a second after the change: every one a round trip of 2 x 30 ms through its process's proxies.
+        after = [e.duration_ms for e in own if e.t_ms - e.duration_ms > changed.t_ms + 1000]
+        slowed = min(e.t_ms - e.duration_ms for e in own if e.t_ms > changed.t_ms and e.duration_ms > 60)
+        print(
+            f"\n[latency] shard {shard['index']}: reads' median {statistics.median(before):.1f} ms before, "
+            f"{statistics.median(after):.1f} ms after; the first slowed read began {slowed - changed.t_ms:.0f} ms after"
+        )
+        assert statistics.median(before) < 20 and len(after) > 20, (shard, before, after)
+        assert min(after) > 60, (shard, sorted(after)[:5])
+    job.refresh_from_db()
+    assert_gapless_and_once(job)
 
 
 def test_bad_processes_are_refused_clearly_and_nothing_is_made(run_manage) -> None:  # type: ignore[no-untyped-def]

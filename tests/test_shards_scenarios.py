@@ -12,17 +12,14 @@ import json
 import os
 import signal
 from collections import Counter
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from occviz.concurrency.latency import Network
 from occviz.jobs.models import Event, EventBatch, Job, JobShared
 from occviz.jobs.registry import ParamsError
 from occviz.jobs.tasks import connections_needed, create_job
 from occviz.scenarios.controllers.scenario import ControllersForm
-from occviz.scenarios.network import apply_latency_control
 from occviz.scenarios.quota.scenario import QuotaForm
 from occviz.store.models import Deployment, Pod
 from tests.helpers import output, wait_for
@@ -145,18 +142,6 @@ def test_bad_processes_for_the_quota_and_controllers_are_refused_and_nothing_is_
     result = run_manage("runjob", "quota", "--pods", "5", "--processes", "0")
     assert result.returncode == 2 and "--processes: A job runs in 1 to 16 processes, not 0." in result.stderr
     assert not Job.objects.exists()
-
-
-def test_a_job_over_several_processes_keeps_the_latency_it_was_launched_with() -> None:
-    # The live control would reach only the coordinator's actors: refused in words, the latency unchanged.
-    network = Network("5")
-    try:
-        context = SimpleNamespace(params={"processes": 2}, recorder=None)
-        with pytest.raises(ValueError, match="a job over several processes keeps the latency it was launched with"):
-            apply_latency_control(context, network, "latency", 0.02)  # type: ignore[arg-type]
-        assert network.everyone == 5
-    finally:
-        network.close()
 
 
 @pytest.mark.parametrize(

@@ -22,6 +22,9 @@ stored objects (its program's `shard_actors(context, plan)`) and keeps its own s
   heartbeat is older than OCCVIZ_SHARD_HEARTBEAT_TIMEOUT_S (its process died), stops every
   other shard within the interval, and the coordinator fails the job naming it. A job ended
   by anyone else (a reaper, after the coordinator died) stops them too.
+- Settings: a change the job's first process takes while the job runs (a live control's) and that
+  every shard's actors must see is `share`d in the job's shared state (occviz.jobs.shared); each
+  shard that `follow`s it applies it on its watch's next look, within the interval.
 - The end: the coordinator waits for every shard to finish (its last batch stored) before the
   program summarizes from the stored events.
 """
@@ -44,6 +47,7 @@ from django.db import Error, connection
 from django.db.models import QuerySet
 from django.utils import timezone
 
+from occviz.jobs import shared
 from occviz.jobs.models import Job, JobShard
 
 
@@ -67,6 +71,8 @@ RELEASE_AHEAD_S = 0.05
 # How often a shard at the barrier looks whether the others have arrived.
 BARRIER_POLL_S = 0.005
 _ENDED = (JobShard.Status.DONE, JobShard.Status.FAILED, JobShard.Status.STOPPED)
+# The names of the shared entries that hold the settings shards follow.
+_SETTING = "setting:"
 
 
 def _setting(name: str, default: float) -> float:
@@ -174,6 +180,8 @@ class Shard:
         self._made_at = 0.0
         """When the coordinator made the rows (its monotonic clock): a task's claim is awaited from then."""
         self._taken_over: set[int] = set()
+        self._followers: dict[str, Callable[[Any], None]] = {}
+        self._applied: dict[str, Any] = {}
 
     @property
     def coordinator(self) -> bool:
@@ -235,6 +243,32 @@ class Shard:
         """This shard's row while this process holds it: one handed back to another process is not mine any more."""
         return JobShard.objects.filter(job_id=self.job_id, index=self.index, pid=os.getpid(), host=socket.gethostname())
 
+    # -- settings ----------------------------------------------------------------------------
+
+    def share(self, name: str, value: Any) -> None:
+        """Setting `name` is `value` (JSON) from now on, in every shard that follows it."""
+        shared.put(self.job_id, f"{_SETTING}{name}", data=value)
+
+    def follow(self, name: str, apply: Callable[[Any], None]) -> None:
+        """`apply(value)` here each time setting `name` changes (on the watch's thread; a ValueError is logged).
+
+        Call it before the actors run: a setting shared before this shard started is applied at its first look.
+        """
+        self._followers[name] = apply
+
+    def _apply_settings(self) -> None:
+        for name, apply in self._followers.items():
+            value = shared.data(self.job_id, f"{_SETTING}{name}")
+            if value is None or self._applied.get(name) == value:
+                continue
+            self._applied[name] = value
+            try:
+                apply(value)
+            except ValueError as refused:  # its actors' proxies are gone: the shard is ending
+                logger.warning(
+                    "job %s shard %s: setting %s = %r not applied: %s", self.job_id, self.index, name, value, refused
+                )
+
     # -- the watch -------------------------------------------------------------------------
 
     def start_watch(self, context: Stoppable) -> None:
@@ -261,7 +295,8 @@ class Shard:
             connection.close()
 
     def look(self) -> None:
-        """Renew this shard's heartbeat, say if it stopped, and stop it if another shard did (or the job ended)."""
+        """Renew this shard's heartbeat, say if it stopped, apply the settings it follows that changed, and stop it
+        if another shard did (or the job ended)."""
         context = self._context
         assert context is not None
         mine = self._stopping_status(context)
@@ -288,6 +323,7 @@ class Shard:
             shards = cursor.fetchall()
         if not shards:
             return
+        self._apply_settings()
         if shards[0][6] != Job.Status.RUNNING:
             context.request_stop("ended elsewhere")
             return

@@ -20,11 +20,13 @@ itself is occviz.concurrency.latency's `Network`):
 
 and its job: `network = job_network(params, seed)`, `context.on_control(...)` handing "latency"
 to `apply_latency_control`, each actor's connection through `network`, and the summary's
-`"network": network.describe()`.
+`"network": network.describe()`; in a shard of a job over several processes (its `shard_actors`),
+`network = shard_network(context, seed)`, which the same control reaches.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -43,6 +45,8 @@ NETWORK_COMPARED = (
     ("network.jitter_ms", "network jitter (ms)"),
 )
 """The summary's network, side by side in compare."""
+LATENCY_SETTING = "latency_ms"
+"""The setting (occviz.jobs.shards) by which the live control's latency reaches a job's other processes."""
 
 
 class LatencyField(forms.CharField):
@@ -139,14 +143,27 @@ def job_network(params: Mapping[str, Any], seed: int, *, always: bool = False) -
     return Network(str(params.get("latency_ms") or "0"), params.get("jitter_ms") or 0.0, seed=seed, always=always)
 
 
+def shard_network(context: JobContext, seed: int) -> Network:
+    """A shard's roads to the database: proxies of its own process, at the latency the job was launched with,
+    then at each the live control sets; closed with the shard's context, once its actors have ended."""
+    network = job_network(context.params, seed)
+    weakref.finalize(context, network.close)
+    assert context.shard is not None
+    context.shard.follow(LATENCY_SETTING, network.set_latency)
+    return network
+
+
 def apply_latency_control(context: JobContext, network: Network, action: str, seconds: float | None) -> None:
-    """The live control: every actor's one-way delay from now on (`seconds`, in s), recorded (ValueError if refused)."""
+    """The live control: every actor's one-way delay from now on (`seconds`, in s), recorded (ValueError if refused).
+
+    In a job over several processes, each other process's actors have proxies of their own:
+    the new latency is shared, and each shard applies it to its own (`shard_network`).
+    """
     if action != "latency" or seconds is None:
         raise ValueError(f"unknown control {action!r}")
-    if int(context.params.get("processes") or 1) > 1:
-        # Its other processes' proxies are their own: a change here would reach only this process's actors.
-        raise ValueError("a job over several processes keeps the latency it was launched with")
     network.set_latency(round(seconds * 1000.0, 3))
+    if context.shard is not None:
+        context.shard.share(LATENCY_SETTING, network.everyone)
     context.recorder.record(0, 0, 0, "latency_changed", detail={"latency_ms": network.everyone})
 
 

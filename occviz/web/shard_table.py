@@ -1,8 +1,8 @@
-"""The job page's table of a job's shards: which process runs which actors, where, and how each is doing.
+"""A job's shards, on its page and its replay: which process runs which actors, where, and how each is doing.
 
 Only a job over several processes (`processes` > 1) has one. The table is read from the
-shards' rows (occviz.jobs.shards keeps them); a running job's page asks for it again every
-second, so a shard's status and heartbeat change on it as they do in the rows.
+shards' rows (occviz.jobs.shards keeps them); while the job runs, either page asks the job
+page for it again every second, so a shard's status and heartbeat change on it as they do in the rows.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from typing import Any
 
 from django.db.models import DurationField, ExpressionWrapper, F
 from django.db.models.functions import Now
+from django.urls import reverse
 
 from occviz.jobs.models import Job, JobShard
 from occviz.jobs.shards import heartbeat_timeout_s, processes_of
@@ -56,7 +57,10 @@ def _why(shard: JobShard) -> str:
 
 
 def shard_table(job: Job, spec: Scenario | None) -> dict[str, Any] | None:
-    """The table's context ("rows", "processes", "live", "actors_title"), or None for a job in one process."""
+    """The table's context ("rows", "processes", "live", "actors_title", "url"), or None for a job in one process.
+
+    "url" is the job page's, which renders the table alone for an htmx request that targets it.
+    """
     processes = processes_of(job.params)
     if processes <= 1:
         return None
@@ -87,4 +91,5 @@ def shard_table(job: Job, spec: Scenario | None) -> dict[str, Any] | None:
         "processes": processes,
         "live": not job.is_finished,
         "actors_title": f"{noun}s".capitalize(),
+        "url": reverse("job_detail", args=[job.pk]),
     }

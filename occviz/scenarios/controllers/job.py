@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import random
 import threading
-import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -36,7 +35,7 @@ from occviz.scenarios.controllers.deployment import (
 )
 from occviz.scenarios.controllers.history import Acknowledge, Erasure, History
 from occviz.scenarios.controllers.summary import summarize
-from occviz.scenarios.network import apply_latency_control, job_network
+from occviz.scenarios.network import apply_latency_control, job_network, shard_network
 from occviz.scenarios.outside import Payload, outside_write
 from occviz.store.models import Deployment
 
@@ -136,8 +135,7 @@ def shard_actors(context: JobContext, plan: Mapping[str, Any]) -> list[Actor]:
     """In a shard of a job over several processes: its controllers again, their writes acknowledged in PostgreSQL."""
     row = Deployment.objects.filter(job_id=context.job.pk, name=OBJECT_NAME).values_list("pk", flat=True).get()
     job_id, seed = context.job.pk, int(plan["seed"])
-    network = job_network(context.params, seed)  # this process's proxies, the latency the job was launched with
-    weakref.finalize(context, network.close)  # closed with the shard's context, once its actors have ended
+    network = shard_network(context, seed)
     return _controllers(context, row, seed, lambda writer: StoredAcks(job_id, writer), network)
 
 

@@ -23,7 +23,7 @@ from occviz.jobs.context import OnHub
 from occviz.scenarios.base import State
 from occviz.scenarios.counter.actors import STRATEGIES, CounterWriter, increment_until_done
 from occviz.scenarios.counter.summary import OutsideTally, summarize, tally_outside, tally_rows
-from occviz.scenarios.network import apply_latency_control, job_network
+from occviz.scenarios.network import apply_latency_control, job_network, shard_network
 from occviz.scenarios.outside import outside_write
 from occviz.store.models import Counter
 
@@ -100,10 +100,9 @@ def shard_actors(context: JobContext, plan: Mapping[str, Any]) -> list[Actor]:
     names = dict(Counter.objects.filter(job_id=context.job.pk).order_by("pk").values_list("pk", "name"))
     with _outside_lock:
         _outside_stored[context.job.pk] = (OutsideTally(), 0)
-    # Forgotten with the shard's context, once it has ended; its writers' proxies closed then too.
+    # Forgotten with the shard's context, once it has ended.
     weakref.finalize(context, _forget_stored, context.job.pk)
-    network = job_network(context.params, int(plan["seed"]))
-    weakref.finalize(context, network.close)
+    network = shard_network(context, int(plan["seed"]))
     return writers(context, names, int(plan["seed"]), network)
 
 
@@ -139,7 +138,7 @@ def run(context: JobContext) -> dict[str, Any]:
     rows = list(names)
     seed = params["seed"] if params["seed"] is not None else random.randrange(2**32)
     limit_s = float(params["seconds"] or settings.OCCVIZ_MAX_SECONDS)
-    # The latency changes live in a job of one process (a shard's proxies are its own).
+    # The latency changes live: here, and in every shard (shard_network).
     network = job_network(params, seed)
     context.on_control(lambda action, actor, seconds: apply_latency_control(context, network, action, seconds))
     lanes, own_rows = iter(range(params["writers"] + 1, 2**31)), set(rows)

@@ -9,7 +9,6 @@ that exist, and their charges and releases count in the admitted usage the verdi
 from __future__ import annotations
 
 import random
-import weakref
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -18,7 +17,7 @@ from django.db import transaction
 
 from occviz.concurrency.latency import Network
 from occviz.scenarios.base import State
-from occviz.scenarios.network import apply_latency_control, job_network
+from occviz.scenarios.network import apply_latency_control, job_network, shard_network
 from occviz.scenarios.outside import Payload, outside_write
 from occviz.scenarios.quota.actors import (
     CONTROLLER,
@@ -100,9 +99,7 @@ def shard_actors(context: JobContext, plan: Mapping[str, Any]) -> list[Actor]:
     """In a shard of a job over several processes: the actors again, over the quota and counts the coordinator made."""
     quota_id = ResourceQuota.objects.filter(job_id=context.job.pk, name=QUOTA_NAME).values_list("pk", flat=True).get()
     seed = int(plan["seed"])
-    network = job_network(context.params, seed)  # this process's proxies, the latency the job was launched with
-    weakref.finalize(context, network.close)  # closed with the shard's context, once its actors have ended
-    return _actors(context, _admission(context, quota_id, seed, network))
+    return _actors(context, _admission(context, quota_id, seed, shard_network(context, seed)))
 
 
 def record_outside_write(context: JobContext, quota_id: int, payload: Payload) -> None:
