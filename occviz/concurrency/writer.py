@@ -18,7 +18,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from occviz.concurrency.hub import current_hub
 from occviz.concurrency.retry import RetryPolicy
 from occviz.store.session import PreparedSession
 
@@ -61,14 +60,10 @@ class ActorContext:
     cursor: PreparedSession = field(init=False, repr=False)
     record: Callable[..., None] = field(init=False, repr=False)
     """record(op, attempt, kind, row, **fields): this writer's events (the recorder's, with its number)."""
-    _wait: Callable[[float], bool] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         # A C-level partial, not a method that re-packs keyword arguments: it runs for every step.
         self.record = functools.partial(self.record_step, self.number)
-        # On a hub (its actors greenlets of one thread), a pause lets the others run.
-        hub = current_hub()
-        self._wait = hub.wait if hub is not None and hub.stop is self.stop else self.stop.wait
 
     def ms_left(self) -> float:
         """Milliseconds until the deadline (infinite without one; 0 once it has passed)."""
@@ -79,11 +74,11 @@ class ActorContext:
     def pause(self, ms: float) -> bool:
         """Sleep `ms` unless the job is stopped meanwhile; False if it was, or if the deadline comes first."""
         if ms >= self.ms_left():
-            self._wait(self.ms_left() / 1000.0)
+            self.stop.wait(self.ms_left() / 1000.0)
             return False
         if ms <= 0:
             return not self.stop.is_set()
-        return not self._wait(ms / 1000.0)
+        return not self.stop.wait(ms / 1000.0)
 
     def lock_timeout(self) -> int:
         """The longest row-lock wait now, in whole ms: the usual timeout, or less when the deadline is nearer.
@@ -99,7 +94,7 @@ def connected[W: ActorContext](writer: W, **overrides: Any) -> Iterator[W]:
 
     `overrides` change its connection parameters (a proxy's socket folder: occviz.concurrency.latency).
     """
-    writer.cursor = PreparedSession(hub=current_hub(), **overrides)
+    writer.cursor = PreparedSession(**overrides)
     try:
         yield writer
     finally:

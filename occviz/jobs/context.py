@@ -9,7 +9,6 @@ admin, the API) with `on_outside_write`, each outside writer on a lane of its ow
 
 from __future__ import annotations
 
-import functools
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -19,7 +18,6 @@ from django.conf import settings
 from django.db import connections
 from django.utils import timezone
 
-from occviz.concurrency.hub import Hub
 from occviz.jobs.figures import Totals
 from occviz.jobs.models import Job, JobControl
 from occviz.jobs.recorder import EventRecorder
@@ -30,13 +28,6 @@ logger = logging.getLogger(__name__)
 
 # An actor prepares (connects), then calls `ready()` and waits with all the others.
 Actor = Callable[[Callable[[], object]], None]
-
-
-class OnHub(list[Actor]):
-    """Actors that wait only on their `PreparedSession` and `pause`: run as greenlets of one
-    thread (occviz.concurrency.hub), not as a thread each."""
-
-
 # A control asked for while the job runs: (action, target actor or None, seconds or None).
 ControlHandler = Callable[[str, int | None, float | None], None]
 # A write to one of the job's objects from outside it (the admin, the API), as store.writes describes it.
@@ -153,8 +144,6 @@ class JobContext:
     ) -> None:
         """Run `actors` as threads released by one barrier; return when all have finished.
 
-        `OnHub` actors run as greenlets of one thread instead, which meets the barrier for them all.
-
         In a job over several processes (`shard` set), only this shard's slice of them runs
         here, and the barrier spans every shard (occviz.jobs.shards). The coordinator makes
         the shards (they are given `plan`: what the program shares with them, as JSON), and
@@ -175,16 +164,14 @@ class JobContext:
             self.recorder.start_clock()
             timer.start()
 
-        on_hub = isinstance(actors, OnHub)
-        parties = 1 if on_hub else len(numbered)
         ready: Callable[[], object]
         if shard is None:
-            barrier = threading.Barrier(parties, action=release)
+            barrier = threading.Barrier(len(numbered), action=release)
             ready, abort = barrier.wait, barrier.abort
         else:
             # Two steps: this shard's actors connect, then this thread (its connection is the
             # runner's own) meets the other shards at the barrier in PostgreSQL, then releases them.
-            connected = threading.Barrier(parties + 1)
+            connected = threading.Barrier(len(numbered) + 1)
             go, released = threading.Event(), threading.Event()
 
             def ready_here() -> None:
@@ -195,21 +182,12 @@ class JobContext:
 
             ready = ready_here
             abort = connected.abort
-        if on_hub:
-            threads = [
-                threading.Thread(
-                    target=self._hub_main, args=(numbered, ready, abort), name=f"job-{self.job.pk}-actors-hub"
-                )
-            ]
-        else:
-            threads = [
-                threading.Thread(
-                    target=self._actor_main,
-                    args=(number, actor, ready, abort),
-                    name=f"job-{self.job.pk}-actor-{number}",
-                )
-                for number, actor in numbered
-            ]
+        threads = [
+            threading.Thread(
+                target=self._actor_main, args=(number, actor, ready, abort), name=f"job-{self.job.pk}-actor-{number}"
+            )
+            for number, actor in numbered
+        ]
         try:
             for thread in threads:
                 thread.start()
@@ -241,18 +219,6 @@ class JobContext:
                 stored = Job.objects.filter(pk=self.job.pk).values_list("last_seq", flat=True).first()
                 self.recorder.last_seq = max(self.recorder.last_seq, stored or 0)
 
-    def _hub_main(
-        self, numbered: list[tuple[int, Actor]], ready: Callable[[], object], abort: Callable[[], None]
-    ) -> None:
-        hub = Hub(self.stop)
-        try:
-            hub.run(
-                [functools.partial(self._actor_main, number, actor, hub.gather, abort) for number, actor in numbered],
-                ready=ready,
-            )
-        finally:
-            connections.close_all()
-
     def _actor_main(self, number: int, actor: Actor, ready: Callable[[], object], abort: Callable[[], None]) -> None:
         try:
             actor(ready)
@@ -269,4 +235,4 @@ class JobContext:
             connections.close_all()
 
 
-__all__ = ["Actor", "ControlHandler", "JobContext", "OnHub", "OutsideWriteHandler"]
+__all__ = ["Actor", "ControlHandler", "JobContext", "OutsideWriteHandler"]

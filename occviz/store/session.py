@@ -16,10 +16,6 @@ zone, Django's, UTC by default).
 
 The session owns a connection of its own in autocommit mode; `transaction()`
 issues BEGIN / COMMIT / ROLLBACK itself.
-
-Given a hub (occviz.concurrency.hub: many actors as greenlets of one thread), the session
-sends each statement without blocking and lets the hub run the other actors until its
-socket has the answer; without one it blocks in libpq, the interpreter lock released.
 """
 
 from __future__ import annotations
@@ -28,7 +24,7 @@ import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import psycopg
 from django.db import connections
@@ -56,16 +52,6 @@ class _Statement:
     formats: Sequence[pq.Format]
 
 
-class Hub(Protocol):
-    """What a session waits on instead of blocking (occviz.concurrency.hub.Hub is one)."""
-
-    def wait_fd(self, fd: int, *, writable: bool = False) -> None:
-        """Return once socket `fd` can be read (or written), the hub running other work meanwhile."""
-        ...
-
-    def forget_fd(self, fd: int) -> None: ...
-
-
 class PreparedSession:
     """`one(sql, params)` with %s placeholders: a prepared statement's first row; `execute` for the rest.
 
@@ -73,7 +59,7 @@ class PreparedSession:
     through another socket (a proxy) to the same database.
     """
 
-    def __init__(self, using: str = "default", *, hub: Hub | None = None, **overrides: Any) -> None:
+    def __init__(self, using: str = "default", **overrides: Any) -> None:
         self.db = connections[using]  # what compare_and_swap prepares values for
         params = self.db.get_connection_params()
         params.pop("cursor_factory", None)
@@ -84,22 +70,13 @@ class PreparedSession:
         self._conn.execute(self.db.ops.set_time_zone_sql(), [self.db.timezone_name])
         self._pgconn = self._conn.pgconn
         self._statements: dict[str, _Statement] = {}
-        self._hub = hub
-        if self._hub is not None:
-            self._pgconn.nonblocking = 1
 
     def _prepare(self, sql: str) -> _Statement:
         name = f"occviz_{len(self._statements)}".encode()
         counter = iter(range(1, 1000))
         native = _PLACEHOLDER.sub(lambda _: f"${next(counter)}", sql)
-        if self._hub is None:
-            check(self._pgconn.prepare(name, native.encode()))
-            described = check(self._pgconn.describe_prepared(name))
-        else:
-            self._pgconn.send_prepare(name, native.encode())
-            check(self._answer(self._hub))
-            self._pgconn.send_describe_prepared(name)
-            described = check(self._answer(self._hub))
+        check(self._pgconn.prepare(name, native.encode()))
+        described = check(self._pgconn.describe_prepared(name))
         transformer = Transformer(self._conn)
         transformer.set_dumper_types([described.param_type(i) for i in range(described.nparams)], pq.Format.BINARY)
         transformer.set_loader_types([described.ftype(i) for i in range(described.nfields)], pq.Format.TEXT)
@@ -114,11 +91,7 @@ class PreparedSession:
         # Ints need no path of their own: these dumpers, in C and chosen once, cost less than str(n).encode().
         values = transformer.dump_sequence(params, ())
         # A None goes as NULL, though psycopg's type for exec_prepared leaves it out.
-        if self._hub is None:
-            result = check(self._pgconn.exec_prepared(statement.name, values, statement.formats))  # type: ignore[arg-type]
-        else:
-            self._pgconn.send_query_prepared(statement.name, values, statement.formats)
-            result = check(self._answer(self._hub))
+        result = check(self._pgconn.exec_prepared(statement.name, values, statement.formats))  # type: ignore[arg-type]
         if not result.ntuples:
             return None
         transformer.set_pgresult(result, set_loaders=False)
@@ -127,30 +100,8 @@ class PreparedSession:
     def execute(self, sql: str, params: Sequence[Any] = ()) -> None:
         if params:
             self.one(sql, params)
-        elif self._hub is None:
-            check(self._pgconn.exec_(sql.encode()))
         else:
-            self._pgconn.send_query(sql.encode())
-            check(self._answer(self._hub))
-
-    def _answer(self, hub: Hub) -> pq.abc.PGresult:
-        """The statement just sent: its result, the hub running the other actors while the server works."""
-        pgconn, fd = self._pgconn, self._pgconn.socket
-        while pgconn.flush():
-            hub.wait_fd(fd, writable=True)
-        first = None
-        while True:
-            while pgconn.is_busy():
-                hub.wait_fd(fd)
-                pgconn.consume_input()
-            result = pgconn.get_result()
-            if result is None:
-                break
-            if first is None or result.status == pq.ExecStatus.FATAL_ERROR:
-                first = result
-        if first is None:
-            raise psycopg.OperationalError("the server sent no result")
-        return first
+            check(self._pgconn.exec_(sql.encode()))
 
     @contextmanager
     def transaction(self, isolation: str = "") -> Iterator[None]:
@@ -164,6 +115,4 @@ class PreparedSession:
         self.execute("COMMIT")
 
     def close(self) -> None:
-        if self._hub is not None:
-            self._hub.forget_fd(self._pgconn.socket)
         self._conn.close()

@@ -19,7 +19,6 @@ from django.db import connection, transaction
 from occviz.concurrency.latency import Network
 from occviz.concurrency.retry import make_policy
 from occviz.concurrency.writer import connected
-from occviz.jobs.context import OnHub
 from occviz.scenarios.base import State
 from occviz.scenarios.counter.actors import STRATEGIES, CounterWriter, increment_until_done
 from occviz.scenarios.counter.summary import OutsideTally, summarize, tally_outside, tally_rows
@@ -92,7 +91,7 @@ def writers(context: JobContext, names: Mapping[int, str], seed: int, network: N
 
         return act
 
-    return OnHub(writer_actor(n) for n in range(1, params["writers"] + 1))
+    return [writer_actor(n) for n in range(1, params["writers"] + 1)]
 
 
 def shard_actors(context: JobContext, plan: Mapping[str, Any]) -> list[Actor]:
