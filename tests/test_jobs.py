@@ -114,6 +114,15 @@ def test_events_carry_versions_and_timings() -> None:
     assert [event.seq for event in events(job)] == list(range(1, job.last_seq + 1))
 
 
+def test_the_job_row_says_when_its_actors_were_released_and_its_event_times_count_from_there() -> None:
+    job = Job.objects.get(pk=run_job(create_job("counter", {"strategy": "occ", "writers": 3, "increments": 20}).pk).pk)
+    assert job.started_at is not None and job.released_at is not None and job.finished_at is not None
+    # Set up and connected after the start; every event recorded after the release and before the end.
+    assert job.started_at < job.released_at < job.finished_at
+    last = max(event.t_ms for event in events(job))
+    assert job.released_at.timestamp() + last / 1000.0 <= job.finished_at.timestamp()
+
+
 @pytest.mark.slow
 def test_a_launched_job_is_run_by_a_db_worker(database_url: str) -> None:
     job = launch("counter", {"strategy": "occ", "writers": 4, "increments": 20})

@@ -15,8 +15,8 @@ their ratio, and the event-to-client latency percentiles.
 
 It refuses to measure when the channel layer carries nothing, since the feeds would then
 poll the job row once a second and the latency would be that poll's. A latency is the
-client's wall-clock time on reading a whole message, minus the job's `started_at` plus the
-event's `t_ms`: an upper bound, as `started_at` is stamped before the actors are released.
+client's wall-clock time on reading a whole message, minus the event's time: the job's
+`released_at` (when its actors were released, and its event times start) plus its `t_ms`.
 Every event of every client counts once, so batching more cannot look better. Every client
 reads every message whole, checks its frames' `seq_from`/`seq_to` chain and keeps the `end`
 (which carries the fragments when the query asks for them); the first also decodes the event
@@ -326,9 +326,9 @@ def _covered(frames: list[tuple[int, int, float]]) -> int:
 
 
 def latencies_ms(job: Job, received: list[Viewer]) -> list[float]:
-    if job.started_at is None:
+    if job.released_at is None:
         return []
-    start = job.started_at.timestamp()
+    start = job.released_at.timestamp()
     t_ms = dict(Event.objects.filter(job=job).values_list("seq", "t_ms"))
     latencies: list[float] = []
     for viewer in received:

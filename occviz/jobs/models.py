@@ -36,6 +36,12 @@ class Job(models.Model):
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
     created_at = models.DateTimeField(default=timezone.now)
     started_at = models.DateTimeField(null=True, blank=True)
+    released_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="When the actors were released together: every event's t_ms counts from here (after started_at "
+        "by the time the program took to set up and connect).",
+    )
     finished_at = models.DateTimeField(null=True, blank=True)
     last_seq = models.BigIntegerField(default=0, help_text="Sequence number of the last stored event.")
     summary = models.JSONField(null=True, blank=True)

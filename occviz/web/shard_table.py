@@ -68,7 +68,9 @@ def shard_table(job: Job, spec: Scenario | None) -> dict[str, Any] | None:
     rows = []
     timeout = heartbeat_timeout_s()
     for shard in JobShard.objects.filter(job=job).annotate(age=age).order_by("index"):
-        ended = (shard.finished_at - job.started_at).total_seconds() if shard.finished_at and job.started_at else None
+        # On the replay's clock: from the release of the actors (every event's t_ms counts from there).
+        start = job.released_at or job.started_at
+        ended = (shard.finished_at - start).total_seconds() if shard.finished_at and start else None
         rows.append(
             ShardRow(
                 index=shard.index,
