@@ -64,6 +64,8 @@ class Viewer:
 
     frames: list[tuple[int, int, float]] = field(default_factory=list)
     end: dict[str, Any] | None = None
+    opened_at: float = 0.0
+    """The wall time its hello came: an event recorded before it reached the page as history, not live."""
 
     def complete(self, last_seq: int, *, html: bool) -> bool:
         """Every event once, in order, up to `last_seq`, then the end (with the fragments if asked for)."""
@@ -332,8 +334,11 @@ def latencies_ms(job: Job, received: list[Viewer]) -> list[float]:
     t_ms = dict(Event.objects.filter(job=job).values_list("seq", "t_ms"))
     latencies: list[float] = []
     for viewer in received:
+        # On the job's clock, in ms: the events recorded once this page was open are the live ones.
+        opened_ms = (viewer.opened_at - start) * 1000.0
         for seq_from, seq_to, at in viewer.frames:
-            latencies.extend((at - start) * 1000.0 - t_ms[seq] for seq in range(seq_from, seq_to + 1))
+            at_ms = (at - start) * 1000.0
+            latencies.extend(at_ms - t_ms[seq] for seq in range(seq_from, seq_to + 1) if t_ms[seq] >= opened_ms)
     return latencies
 
 
