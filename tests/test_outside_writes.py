@@ -14,6 +14,7 @@ import threading
 import time
 from typing import Any
 
+import psycopg
 import pytest
 
 from occviz.jobs.models import Job
@@ -23,7 +24,7 @@ from occviz.scenarios import SCENARIOS
 from occviz.store import writes
 from occviz.store.cas import ANY
 from occviz.store.models import Counter, VersionConflict
-from tests.helpers import events
+from tests.helpers import JobThread, events, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -287,3 +288,44 @@ def test_an_outside_client_wins_renews_and_loses_the_jobs_lease_as_a_replica(ali
         f"alice-laptop (alice (token laptop) via the API) acquired the lease from {acquired.detail['holder']} "
         f"(transition {acquired.value_written})."
     )
+
+
+def test_presses_queued_on_the_jobs_row_while_the_job_settles_neither_deadlock_nor_fail_it() -> None:
+    """Students' presses lock the job's row, then the hot row (occviz.students.presses), back to back
+    as a class does. The job's settling at its end takes them in the same order: taken the other way
+    round (the hot row, then the job's row, behind a queue of presses), PostgreSQL found the circle
+    and failed the job's transaction as the deadlock's victim."""
+    from django.db import connection
+
+    job = create_job("counter", {"strategy": "occ", "writers": 2, "seconds": 1, "think_ms": 5})
+    runner = JobThread(job.pk)
+    runner.start()
+    row = wait_for(lambda: Counter.objects.filter(job_id=job.pk).first(), 30, "the job's row")
+    params = connection.get_connection_params()
+    params.pop("cursor_factory", None)
+    params.pop("context", None)
+    pressed = [0] * 6
+
+    def presses(number: int) -> None:
+        with psycopg.connect(**params) as press:
+            while runner.is_alive():
+                try:
+                    with press.transaction():
+                        press.execute("SET LOCAL lock_timeout = '2s'")
+                        press.execute("SELECT 1 FROM jobs_job WHERE id = %s FOR NO KEY UPDATE", [job.pk])
+                        press.execute("SET LOCAL lock_timeout = '250ms'")
+                        press.execute("SELECT value FROM store_counter WHERE id = %s FOR UPDATE", [row.pk])
+                        time.sleep(0.01)  # the press's few statements with the row held
+                    pressed[number] += 1
+                except psycopg.errors.LockNotAvailable:
+                    pass  # refused as busy, as a press is while the job settles
+
+    threads = [threading.Thread(target=presses, args=(n,)) for n in range(len(pressed))]
+    for thread in threads:
+        thread.start()
+    runner.join(60)
+    for thread in threads:
+        thread.join(10)
+    ended = runner.ran[0]
+    assert ended.status == Job.Status.SUCCEEDED, ended.error
+    assert sum(pressed) > 10, pressed

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from django.conf import settings
-from django.db import connections
+from django.db import OperationalError, connection, connections, transaction
 from django.utils import timezone
 
 from occviz.jobs.figures import Totals
@@ -28,6 +30,9 @@ logger = logging.getLogger(__name__)
 
 # An actor prepares (connects), then calls `ready()` and waits with all the others.
 Actor = Callable[[Callable[[], object]], None]
+# How long settling waits for one of the job's objects before it lets go of the job's row and tries again.
+SETTLE_LOCK_TIMEOUT = "100ms"
+
 # A control asked for while the job runs: (action, target actor or None, seconds or None).
 ControlHandler = Callable[[str, int | None, float | None], None]
 # A write to one of the job's objects from outside it (the admin, the API), as store.writes describes it.
@@ -85,12 +90,39 @@ class JobContext:
                 number = self.outside_lanes[name] = self._next_actor()
             return number
 
+    @contextmanager
+    def settling(self, lock_objects: Callable[[], object]) -> Iterator[None]:
+        """The transaction to settle the outside writes in: the job's row locked, then its objects (`lock_objects`).
+
+        In the order a student's press locks them (occviz.students.presses), so a press waiting for
+        an object never waits on settling in a circle (it did, the other way round: settling held
+        the hot row and waited for the job's row, the press held the job's row and waited for the
+        hot row, and PostgreSQL ended the job's transaction as the deadlock's victim). An API or
+        admin write locks the object first, then the job's row: if one holds an object, settling
+        gives up on it after SETTLE_LOCK_TIMEOUT, lets go of the job's row and tries again, with
+        nothing handed over yet.
+        """
+        with transaction.atomic():
+            while True:
+                try:
+                    with transaction.atomic():  # a savepoint: the locks go with it if it rolls back
+                        list(Job.objects.filter(pk=self.job.pk).select_for_update(no_key=True).values_list("pk"))
+                        _lock_timeout(SETTLE_LOCK_TIMEOUT)
+                        lock_objects()
+                        _lock_timeout("0")
+                    break
+                except OperationalError as error:
+                    if getattr(error.__cause__, "sqlstate", None) != "55P03":  # lock_not_available
+                        raise
+                    time.sleep(0.01)
+            yield
+
     def settle_outside_writes(self) -> None:
         """Hand every outside write committed so far to the program now, and stop following them.
 
         Called by a program that is about to check its objects against its events: call it in
-        a transaction that has locked those objects, so that no outside write lands between
-        what it reads and what its events say. It waits for a delivery under way on the
+        `settling` (a transaction that has locked the job's row and those objects), so that no
+        outside write lands between what it reads and what its events say. It waits for a delivery under way on the
         recorder's thread, so none is half recorded.
         """
         self.deliver_controls()
@@ -233,6 +265,11 @@ class JobContext:
             self.request_stop("failed")
         finally:
             connections.close_all()
+
+
+def _lock_timeout(value: str) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT set_config('lock_timeout', %s, true)", [value])
 
 
 __all__ = ["Actor", "ControlHandler", "JobContext", "OutsideWriteHandler"]

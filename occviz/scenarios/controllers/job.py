@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from django.db import connection, transaction
+from django.db import connection
 
 from occviz.concurrency.latency import Network
 from occviz.concurrency.retry import make_policy
@@ -118,9 +118,10 @@ def run(context: JobContext) -> dict[str, Any]:
             network.close()
             if follower is not None:
                 follower.stop()  # every shard has ended: each write it acknowledged is stored, and followed now
-        with transaction.atomic():
-            # The object locked while the last outside writes are handed over: the history then ends where it does.
-            list(Deployment.objects.filter(pk=deployment.pk).select_for_update().values_list("pk"))
+        # The object locked while the last outside writes are handed over: the history then ends where it does.
+        with context.settling(
+            lambda: list(Deployment.objects.filter(pk=deployment.pk).select_for_update().values_list("pk"))
+        ):
             context.settle_outside_writes()
         # Taken while the history is still this job's state: the last snapshot shows the controllers as they ended.
         figures = context.final_figures()

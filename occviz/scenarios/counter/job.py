@@ -14,7 +14,7 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import connection
 
 from occviz.concurrency.latency import Network
 from occviz.concurrency.retry import make_policy
@@ -150,10 +150,9 @@ def run(context: JobContext) -> dict[str, Any]:
         context.run_actors(writers(context, names, seed, network), time_limit_s=limit_s, plan={"seed": seed})
     finally:
         network.close()
-    with transaction.atomic():
-        # The rows locked while they are read: every outside write that landed before is
-        # then recorded, and none lands after, so the rows and the events tell one story.
-        list(Counter.objects.filter(pk__in=rows).select_for_update().values_list("pk"))
+    # The rows locked while they are read: every outside write that landed before is
+    # then recorded, and none lands after, so the rows and the events tell one story.
+    with context.settling(lambda: list(Counter.objects.filter(pk__in=rows).select_for_update().values_list("pk"))):
         tally = tally_rows(job.pk, params["initial_value"])
         context.settle_outside_writes()
     try:

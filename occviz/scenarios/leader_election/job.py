@@ -14,8 +14,6 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from django.db import transaction
-
 from occviz.scenarios.base import State
 from occviz.scenarios.leader_election.actors import LeaderElection, TimedControl, create_objects
 from occviz.scenarios.leader_election.elector import Habits, LeaderElectionConfig, identity
@@ -182,10 +180,9 @@ def run(context: JobContext) -> dict[str, Any]:
         # Not context.elapsed_s, which ends with the initial replicas: the election outlives
         # them when they were killed or stopped and others added (it lasts its seconds).
         duration_s = context.recorder.now_ms() / 1000.0
-        with transaction.atomic():
-            # The Lease locked while the last outside writes are recorded: the transitions it
-            # counts and the events' then agree.
-            Lease.objects.select_for_update().filter(pk=lease.pk).exists()
+        # The Lease locked while the last outside writes are recorded: the transitions it
+        # counts and the events' then agree.
+        with context.settling(lambda: Lease.objects.select_for_update().filter(pk=lease.pk).exists()):
             context.settle_outside_writes()
         # Stored while the election is still this job's state: the last snapshot shows each replica as it ended.
         context.recorder.flush()

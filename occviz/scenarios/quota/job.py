@@ -13,7 +13,6 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
-from django.db import transaction
 
 from occviz.concurrency.latency import Network
 from occviz.scenarios.base import State
@@ -84,9 +83,10 @@ def run(context: JobContext) -> dict[str, Any]:
         )
     finally:
         network.close()
-    with transaction.atomic():
-        # The quota locked while the last outside writes are handed over: none lands between them and the summary's.
-        list(ResourceQuota.objects.filter(pk=quota.pk).select_for_update().values_list("pk"))
+    # The quota locked while the last outside writes are handed over: none lands between them and the summary's.
+    with context.settling(
+        lambda: list(ResourceQuota.objects.filter(pk=quota.pk).select_for_update().values_list("pk"))
+    ):
         context.settle_outside_writes()
     # The admission latency's percentiles, as the live page shows them (a counter's and a controller race's
     # summaries say theirs too): else the summary's latency_ms would be the parameter echoed, which `network` says.
