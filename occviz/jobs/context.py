@@ -107,9 +107,9 @@ class JobContext:
                 try:
                     with transaction.atomic():  # a savepoint: the locks go with it if it rolls back
                         list(Job.objects.filter(pk=self.job.pk).select_for_update(no_key=True).values_list("pk"))
-                        _lock_timeout(SETTLE_LOCK_TIMEOUT)
+                        local_lock_timeout(SETTLE_LOCK_TIMEOUT)
                         lock_objects()
-                        _lock_timeout("0")
+                        local_lock_timeout("0")
                     break
                 except OperationalError as error:
                     if getattr(error.__cause__, "sqlstate", None) != "55P03":  # lock_not_available
@@ -122,8 +122,8 @@ class JobContext:
 
         Called by a program that is about to check its objects against its events: call it in
         `settling` (a transaction that has locked the job's row and those objects), so that no
-        outside write lands between what it reads and what its events say. It waits for a delivery under way on the
-        recorder's thread, so none is half recorded.
+        outside write lands between what it reads and what its events say. It waits for a
+        delivery under way on the recorder's thread, so none is half recorded.
         """
         self.deliver_controls()
         self._outside_handler = None
@@ -267,9 +267,10 @@ class JobContext:
             connections.close_all()
 
 
-def _lock_timeout(value: str) -> None:
+def local_lock_timeout(value: str) -> None:
+    """How long a row lock may be waited for, until the current transaction ends ("0": for ever)."""
     with connection.cursor() as cursor:
         cursor.execute("SELECT set_config('lock_timeout', %s, true)", [value])
 
 
-__all__ = ["Actor", "ControlHandler", "JobContext", "OutsideWriteHandler"]
+__all__ = ["Actor", "ControlHandler", "JobContext", "OutsideWriteHandler", "local_lock_timeout"]

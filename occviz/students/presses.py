@@ -26,6 +26,7 @@ from typing import Any, Final
 from django.db import OperationalError, connection, transaction
 
 from occviz.jobs.affinity import quick_handoffs
+from occviz.jobs.context import local_lock_timeout
 from occviz.jobs.models import Job
 from occviz.store import writes
 from occviz.store.cas import ANY
@@ -119,7 +120,7 @@ def _hold_the_job(job: Job) -> bool:
     for a press's few statements only. Held until the press commits, it keeps the job from
     settling before the press's write is handed to it.
     """
-    _lock_timeout(JOB_LOCK_TIMEOUT)
+    local_lock_timeout(JOB_LOCK_TIMEOUT)
     with connection.cursor() as cursor:
         # The object stays locked until the commit: not waiting for its WAL flush keeps that short. A crash
         # may lose the last presses, and with them the job, which is then ended without a verdict.
@@ -130,11 +131,6 @@ def _hold_the_job(job: Job) -> bool:
             [job.pk, Job.Status.RUNNING],
         )
         return cursor.fetchone() is not None
-
-
-def _lock_timeout(value: str) -> None:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT set_config('lock_timeout', %s, true)", [value])
 
 
 def _think_s(job: Job) -> float:
@@ -154,7 +150,7 @@ def _write(job: Job, student: Student, stored: VersionedObject, changes: dict[st
                 raise _TooLate
             # Short of the object's lock, give way (a job settling its accounts holds it, and waits for
             # the job's row that this press holds): the press is refused, and the job goes on.
-            _lock_timeout(OBJECT_LOCK_TIMEOUT)
+            local_lock_timeout(OBJECT_LOCK_TIMEOUT)
             try:
                 written = writes.update(stored, changes, writer, expected_version=ANY if blind else read)
             except VersionConflict as conflict:  # caught in here, so the refusal's record commits

@@ -4,9 +4,8 @@
 
 runjob starts these, and so does a worker running a job whose shard no other worker took in
 time, or whose worker died before the release. The shard's row must be waiting for a process
-(its job's coordinator made it); the shard
-then runs its slice of the job's actors, released with the other shards', and ends with
-them. SIGINT or SIGTERM stops it within a second, and with it the whole job.
+(its job's coordinator made it); the shard then runs its slice of the job's actors, released
+with the other shards', and ends with them. SIGINT or SIGTERM stops it within a second, and with it the whole job.
 """
 
 from __future__ import annotations
