@@ -11,8 +11,7 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
-from django.db import models, transaction
-from django.db.models import F
+from django.db import connections, models, router
 from django.utils import timezone
 
 
@@ -105,18 +104,39 @@ class Job(models.Model):
         user: Any = None,
         payload: dict[str, Any] | None = None,
     ) -> JobControl:
-        """Ask the running job to apply a control; JobNotRunning (and nothing stored) if it is not running."""
-        with transaction.atomic():
-            # The count moves only while the job runs: a job that ended meanwhile gets no control.
-            moved = Job.objects.filter(pk=self.pk, status=self.Status.RUNNING).update(
-                controls_requested=F("controls_requested") + 1
+        """Ask the running job to apply a control; JobNotRunning (and nothing stored) if it is not running.
+
+        One statement bumps the job's count and stores the control, only while the job runs (a job
+        that ended meanwhile gets no control): an outside write asks for one with the object's row
+        locked, and every round trip there is one the object's other writers wait for.
+        """
+        control = JobControl(
+            job_id=self.pk,
+            action=action,
+            actor=actor,
+            seconds=seconds,
+            requested_by=user if getattr(user, "pk", None) else None,
+            payload=payload,
+        )
+        db = connections[router.db_for_write(JobControl)]
+        fields = [field for field in JobControl._meta.concrete_fields if not field.primary_key]
+        values = [field.get_db_prep_save(field.pre_save(control, add=True), db) for field in fields]
+        with db.cursor() as cursor:
+            cursor.execute(
+                "WITH moved AS (UPDATE jobs_job SET controls_requested = controls_requested + 1"
+                "               WHERE id = %s AND status = %s RETURNING id)"
+                f" INSERT INTO jobs_jobcontrol ({', '.join(f'"{field.column}"' for field in fields)})"
+                f" SELECT {', '.join(f'%s::{field.db_type(db)}' for field in fields)} FROM moved RETURNING id",
+                [self.pk, self.Status.RUNNING, *values],
             )
-            if not moved:
-                self.refresh_from_db(fields=["status"])
-                raise JobNotRunning(f"job {self.pk} is {self.status}: controls apply only while it runs")
-            return JobControl.objects.create(
-                job=self, action=action, actor=actor, seconds=seconds, requested_by=user, payload=payload
-            )
+            row = cursor.fetchone()
+        if row is None:
+            self.refresh_from_db(fields=["status"])
+            raise JobNotRunning(f"job {self.pk} is {self.status}: controls apply only while it runs")
+        control.pk = row[0]
+        control._state.adding = False
+        control._state.db = db.alias
+        return control
 
 
 class JobNotRunning(Exception):

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connections, transaction
 
 from occviz.store.cas import ANY, compare_and_swap
 from occviz.store.models import Change, VersionConflict, VersionedObject
@@ -162,11 +162,14 @@ def update[V: VersionedObject](
     VersionConflict (its `stored` is the object as it is now); a deleted object raises DoesNotExist.
     """
     model = type(obj)
-    with transaction.atomic():
-        stored = model._default_manager.select_for_update().get(pk=obj.pk)
-        if expected_version is ANY or stored.resource_version == expected_version:
-            compare_and_swap(model, obj.pk, ANY, changes)
-            written = model._default_manager.get(pk=obj.pk)
+    # No savepoint inside a caller's transaction: the row stays locked from the first statement to the
+    # commit, and each statement is a round trip that other writers of the row wait for.
+    with transaction.atomic(savepoint=False):
+        stored = _locked(model, obj.pk)
+        if stored is None:
+            conflict = None
+        elif expected_version is ANY or stored.resource_version == expected_version:
+            written = _swapped(model, stored, changes)
             change = _log(
                 written,
                 Change.Type.MODIFIED,
@@ -177,17 +180,22 @@ def update[V: VersionedObject](
             )
             _announce(written, change, before=fields_of(stored))
             return written
-        attempted = fields_of(stored) | json.loads(json.dumps(dict(changes), cls=DjangoJSONEncoder))
-        conflict = _refuse(stored, writer, expected_version, attempted)
+        else:
+            attempted = fields_of(stored) | json.loads(json.dumps(dict(changes), cls=DjangoJSONEncoder))
+            conflict = _refuse(stored, writer, expected_version, attempted)
+    if conflict is None:
+        raise model.DoesNotExist(f"{model.__name__} {obj.pk} does not exist")
     raise conflict
 
 
 def delete[V: VersionedObject](obj: V, writer: Writer, *, expected_version: int | object = ANY) -> V:
     """Delete `obj` if its stored version is `expected_version`; the object as it was. As `update` for refusals."""
     model = type(obj)
-    with transaction.atomic():
-        stored = model._default_manager.select_for_update().get(pk=obj.pk)
-        if expected_version is ANY or stored.resource_version == expected_version:
+    with transaction.atomic(savepoint=False):
+        stored = _locked(model, obj.pk)
+        if stored is None:
+            conflict = None
+        elif expected_version is ANY or stored.resource_version == expected_version:
             content = fields_of(stored)
             change = _log(
                 stored,
@@ -200,8 +208,36 @@ def delete[V: VersionedObject](obj: V, writer: Writer, *, expected_version: int 
             _announce(stored, change, before=content)
             model._default_manager.filter(pk=obj.pk).delete()
             return stored
-        conflict = _refuse(stored, writer, expected_version, fields_of(obj))
+        else:
+            conflict = _refuse(stored, writer, expected_version, fields_of(obj))
+    if conflict is None:
+        raise model.DoesNotExist(f"{model.__name__} {obj.pk} does not exist")
     raise conflict
+
+
+def _swapped[V: VersionedObject](model: type[V], stored: V, changes: Mapping[str, Any]) -> V:
+    """Write `changes` over the locked `stored`: the object as the write left it, from the UPDATE's own RETURNING."""
+    fields = model._meta.concrete_fields
+    row = compare_and_swap(model, stored.pk, ANY, changes, returning=[field.attname for field in fields])
+    assert row is not None, "the row is locked: a blind write cannot miss it"
+    db = connections[stored._state.db or "default"]
+    values = []
+    for field, value in zip(fields, row, strict=True):
+        column = field.get_col(model._meta.db_table)
+        # What a query would do to each value: the backend's conversions, then the field's (JSON text to objects).
+        for convert in [*db.ops.get_db_converters(column), *field.get_db_converters(db)]:
+            value = convert(value, column, db)
+        values.append(value)
+    return model.from_db(db.alias, [field.attname for field in fields], values)
+
+
+def _locked[V: VersionedObject](model: type[V], pk: Any) -> V | None:
+    """The object as stored, its row locked until the transaction ends; None if it was deleted.
+
+    None rather than DoesNotExist raised inside the write's block: without a savepoint of its
+    own, an exception leaving the block would spoil the caller's transaction.
+    """
+    return model._default_manager.select_for_update().filter(pk=pk).first()
 
 
 def _refuse(

@@ -26,7 +26,6 @@ from typing import Any, Final
 from django.db import OperationalError, connection, transaction
 
 from occviz.jobs.affinity import quick_handoffs
-from occviz.jobs.context import local_lock_timeout
 from occviz.jobs.models import Job
 from occviz.store import writes
 from occviz.store.cas import ANY
@@ -118,17 +117,23 @@ def _hold_the_job(job: Job) -> bool:
     Taken before the object's lock, so that the object is never held while this waits for the
     job's row (the job's recorder holds it while it stores a batch): the job's own writers wait
     for a press's few statements only. Held until the press commits, it keeps the job from
-    settling before the press's write is handed to it.
+    settling before the press's write is handed to it. Once it is held, the press waits for the
+    object's lock OBJECT_LOCK_TIMEOUT at most.
     """
-    local_lock_timeout(JOB_LOCK_TIMEOUT)
     with connection.cursor() as cursor:
         # The object stays locked until the commit: not waiting for its WAL flush keeps that short. A crash
         # may lose the last presses, and with them the job, which is then ended without a verdict.
-        cursor.execute("SET LOCAL synchronous_commit = off")
         cursor.execute(
-            "SELECT 1 FROM jobs_job WHERE id = %s AND status = %s AND outside_writes_closed_at IS NULL "
-            "FOR NO KEY UPDATE",
-            [job.pk, Job.Status.RUNNING],
+            "SELECT set_config('lock_timeout', %s, true), set_config('synchronous_commit', 'off', true)",
+            [JOB_LOCK_TIMEOUT],
+        )
+        # The object's timeout is set by the outer SELECT, once the inner one holds the job's row.
+        cursor.execute(
+            "SELECT set_config('lock_timeout', %s, true) FROM ("
+            "  SELECT 1 FROM jobs_job WHERE id = %s AND status = %s AND outside_writes_closed_at IS NULL"
+            "  FOR NO KEY UPDATE"
+            ") AS held",
+            [OBJECT_LOCK_TIMEOUT, job.pk, Job.Status.RUNNING],
         )
         return cursor.fetchone() is not None
 
@@ -146,11 +151,10 @@ def _write(job: Job, student: Student, stored: VersionedObject, changes: dict[st
         # The web process's event loop sends frames to every page meanwhile: each statement's result must
         # not wait its switch interval for the interpreter lock while the object is locked.
         with quick_handoffs(), transaction.atomic():
-            if not _hold_the_job(job):
-                raise _TooLate
             # Short of the object's lock, give way (a job settling its accounts holds it, and waits for
             # the job's row that this press holds): the press is refused, and the job goes on.
-            local_lock_timeout(OBJECT_LOCK_TIMEOUT)
+            if not _hold_the_job(job):
+                raise _TooLate
             try:
                 written = writes.update(stored, changes, writer, expected_version=ANY if blind else read)
             except VersionConflict as conflict:  # caught in here, so the refusal's record commits

@@ -12,6 +12,7 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.contrib.auth.decorators import login_required
+from django.db import connection
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
@@ -114,7 +115,7 @@ async def student_press(request: HttpRequest, token: str) -> HttpResponse:
     Async, so that the think between the read and the write is awaited here, holding no thread:
     the database work goes to the thread Django gives sync code, a step at a time.
     """
-    started = await sync_to_async(_read_for_press)(request, token)
+    started = await sync_to_async(_read_then_let_go)(request, token)
     if isinstance(started, HttpResponse):
         return started
     link, student, read = started
@@ -127,6 +128,19 @@ async def student_press(request: HttpRequest, token: str) -> HttpResponse:
         return JsonResponse(pressed.as_json(), status=pressed.status)
     context = await sync_to_async(_page_context)(link, token, student, pressed)
     return await sync_to_async(render)(request, "students/student_page.html", context, status=pressed.status)
+
+
+def _read_then_let_go(request: HttpRequest, token: str) -> HttpResponse | tuple[StudentLink, Student, Read | Pressed]:
+    """`_read_for_press`, then its database connection back to the pool: the think after it holds none.
+
+    (Without a pool, as in runserver, the connection is kept: a new one for the write would
+    take longer than the think.)
+    """
+    try:
+        return _read_for_press(request, token)
+    finally:
+        if getattr(connection, "pool", None) is not None:
+            connection.close()
 
 
 def _read_for_press(request: HttpRequest, token: str) -> HttpResponse | tuple[StudentLink, Student, Read | Pressed]:
