@@ -333,6 +333,33 @@ async def test_viewers_asking_for_the_same_page_share_one_read(monkeypatch: pyte
 
 
 @pytest.mark.asyncio
+async def test_sockets_catching_up_to_one_event_share_one_render_of_the_pages_fragments(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from occviz.live import fragments, history
+    from occviz.live.jobstate import read_job_state
+
+    job = await sync_to_async(long_finished_job)(6_000)
+    state = await sync_to_async(read_job_state)(job.pk)
+    assert state is not None
+    renders: list[int] = []
+    render_at = history._fragments_at
+
+    def counted(state: Any, seq: int) -> Any:
+        renders.append(seq)
+        return render_at(state, seq)
+
+    monkeypatch.setattr(history, "_fragments_at", counted)
+    shared = await asyncio.gather(*(history.fragments_at(state, 2000) for _ in range(50)))
+    assert renders == [2000] and all(parts is shared[0] for parts in shared)
+    expected = await sync_to_async(lambda: fragments.render_parts(fragments.context_at(state, 2000)))()
+    assert shared[0] == expected and "2000" in "".join(expected.values()), "the figures as of event 2000"
+    assert await history.fragments_at(state, 2000) is shared[0] and renders == [2000], "kept for those who come later"
+    later = await history.fragments_at(state, 4000)
+    assert renders == [2000, 4000] and later != shared[0]
+
+
+@pytest.mark.asyncio
 async def test_sockets_opening_one_job_at_once_share_one_read_of_its_row(monkeypatch: pytest.MonkeyPatch) -> None:
     from occviz.live import jobstate
 

@@ -26,7 +26,7 @@ from occviz.live import fragments
 from occviz.live.dbthreads import read_history
 from occviz.live.feeds import JobFeed, subscribe, unsubscribe
 from occviz.live.frames import WireFrame, merge_runs, wire_text
-from occviz.live.history import history_pages
+from occviz.live.history import fragments_at, history_pages
 from occviz.live.jobstate import JobState, read_for_new_socket
 from occviz.live.memory import open_sockets
 
@@ -226,7 +226,7 @@ class JobEventsConsumer(RefusingConsumer):
     async def with_fragments(self, job_id: int, run: list[WireFrame]) -> str:
         """The message for `run` with the page's fragments as of its last event (a copy: history frames are shared)."""
         last = copy.copy(run[-1])
-        last.html = await read_history(lambda: fragments.render_parts(fragments.context_at(self.state, last.seq_to)))
+        last.html = await fragments_at(self.state, last.seq_to)
         return wire_text(job_id, [*run[:-1], last], html=True, whole=True)
 
     def final_fragments(self) -> str:
