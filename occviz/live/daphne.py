@@ -12,6 +12,12 @@ behaves this way:
 - A client that breaks the protocol (a message over Daphne's 1 MB limit, say) gets a close
   frame with the code that says why (1009 for the size) instead of a dropped connection
   with none: Autobahn's `failByDrop`, off.
+- A frame goes to the kernel as it is sent, when nothing waits before it on its connection.
+  Twisted queues every write, asks the event loop to watch the socket (an epoll_ctl), writes
+  on the loop's next turn and stops watching (another): three system calls and a turn of
+  the loop for each frame to each socket, most of the server's time with a class on one job.
+  A frame the kernel does not take whole (a slow reader) has its rest queued as before, and
+  anything but a plain TCP connection (TLS) goes Twisted's way.
 - Autobahn's debug lines are not coloured: it builds their arguments for every frame it
   sends, whether debug logging is on or not, and colouring them (click's `style`, several
   times a frame) was a few per cent of the server's time with hundreds of sockets open.
@@ -46,6 +52,39 @@ def patch_daphne() -> None:
             return
         handle_reply(self, message)
 
+    from twisted.internet.tcp import Connection
+
+    def idle_tcp(transport: Any) -> bool:
+        """Whether `transport` is a plain TCP connection, open, with nothing queued to write."""
+        return (
+            isinstance(transport, Connection)
+            and not transport.TLS
+            and bool(transport.connected)
+            and not transport.disconnecting
+            and not transport._writeDisconnected
+            and not transport._tempDataBuffer
+            and transport.offset == len(transport.dataBuffer)
+        )
+
+    send_data = WebSocketProtocol.sendData
+
+    def send_data_now(self: Any, data: bytes, sync: bool = False, chopsize: int | None = None) -> None:
+        transport = self.transport
+        if sync or chopsize or self.send_queue or not idle_tcp(transport):
+            send_data(self, data, sync, chopsize)
+            return
+        try:
+            sent = transport.socket.send(data)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError:  # the connection broke: Twisted's own write finds out, and closes it as it would have
+            send_data(self, data)
+            return
+        if sent < len(data):
+            send_data(self, data[sent:])
+        elif self.state == self.STATE_OPEN:
+            self.trafficStats.outgoingOctetsWireLevel += sent
+
     factory_init = WebSocketFactory.__init__
 
     def factory_init_failing_with_a_close(self: Any, *args: Any, **kwargs: Any) -> None:
@@ -58,5 +97,6 @@ def patch_daphne() -> None:
         autobahn.util._HAS_CLICK = False
 
     WebSocketProtocol.handle_reply = handle_reply_as_occviz
+    WebSocketProtocol.sendData = send_data_now
     WebSocketFactory.__init__ = factory_init_failing_with_a_close
     WebSocketProtocol._occviz_patched = True
