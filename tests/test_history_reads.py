@@ -273,6 +273,33 @@ async def test_dropped_history_readers_never_wedge_another_jobs_socket(daphne: t
         assert sign not in text, text[-3000:]
 
 
+@pytest.mark.slow
+@pytest.mark.asyncio
+async def test_a_reader_slower_than_its_frames_gets_every_event_in_order_and_holds_up_nobody(
+    daphne: tuple[int, Path], cookie: str
+) -> None:
+    """Frames go to the kernel as they are sent while nothing waits on the connection; one the kernel
+    does not take whole has its rest queued, and the frames after it wait behind it, in order."""
+    port, log = daphne
+    job = await sync_to_async(long_finished_job)(120_000)
+    slow = await WsClient.connect(port, f"/ws/jobs/{job.pk}/events/?after=0", cookie, receive_buffer=4096)
+    await asyncio.sleep(2)  # not reading: its buffers fill, and the server's sends to it come back short
+    opened = time.monotonic()
+    other = await WsClient.connect(port, f"/ws/jobs/{job.pk}/events/?after={job.last_seq - 10}", cookie)
+    hello = json.loads(await asyncio.wait_for(other.receive_text(), 5))
+    assert hello["type"] == "hello" and time.monotonic() - opened < 1.0
+    frames, end, code = await asyncio.wait_for(read_to_the_end(other), 30)
+    await other.close()
+    assert_exactly_once(frames, job.last_seq - 10, job.last_seq)
+    assert end["type"] == "end" and code == 1000
+    frames, end, code = await asyncio.wait_for(read_to_the_end(slow), 60)
+    await slow.close()
+    assert_exactly_once(frames, 0, job.last_seq)
+    assert end["type"] == "end" and code == 1000
+    assert sum(len(json.dumps(frame)) for frame in frames) > 4_000_000, "more than the kernel's buffers hold"
+    assert "Traceback" not in log.read_text()
+
+
 @pytest.mark.asyncio
 async def test_memory_is_released_once_the_last_socket_has_stayed_closed(monkeypatch: pytest.MonkeyPatch) -> None:
     from occviz.live import memory

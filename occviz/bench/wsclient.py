@@ -12,6 +12,7 @@ import base64
 import contextlib
 import json
 import os
+import socket
 import struct
 from typing import Any
 
@@ -35,8 +36,18 @@ class WsClient:
         self.writer = writer
 
     @classmethod
-    async def connect(cls, port: int, path: str, cookie: str = "", origin: str | None = None) -> WsClient:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    async def connect(
+        cls, port: int, path: str, cookie: str = "", origin: str | None = None, *, receive_buffer: int | None = None
+    ) -> WsClient:
+        """`receive_buffer`: the socket's receive buffer in bytes (a small one makes a slow reader's server wait)."""
+        if receive_buffer is None:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        else:
+            sock = socket.socket()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
+            sock.setblocking(False)
+            await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
+            reader, writer = await asyncio.open_connection(sock=sock)
         key = base64.b64encode(os.urandom(16)).decode()
         origin = f"http://127.0.0.1:{port}" if origin is None else origin
         writer.write(

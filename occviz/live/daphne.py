@@ -18,6 +18,9 @@ behaves this way:
   the loop for each frame to each socket, most of the server's time with a class on one job.
   A frame the kernel does not take whole (a slow reader) has its rest queued as before, and
   anything but a plain TCP connection (TLS) goes Twisted's way.
+- A socket the server closes waits CLOSE_HANDSHAKE_TIMEOUT_S for the client's close frame, not
+  Autobahn's 1 s: that second counts from when the close is queued behind the frames before it,
+  so a reader slower than its stream had its connection reset before it had read them.
 - Autobahn's debug lines are not coloured: it builds their arguments for every frame it
   sends, whether debug logging is on or not, and colouring them (click's `style`, several
   times a frame) was a few per cent of the server's time with hundreds of sockets open.
@@ -30,6 +33,11 @@ import logging
 from typing import Any
 
 logger = logging.getLogger(__name__)
+
+# How long a socket the server closed waits for the client's close frame before the connection is
+# dropped. Autobahn's 1 s counts from when the close is queued, not sent: a reader slower than a
+# long history (a finished job read from seq 0 on a weak network) lost its tail to a reset.
+CLOSE_HANDSHAKE_TIMEOUT_S = 30.0
 
 
 def patch_daphne() -> None:
@@ -89,7 +97,7 @@ def patch_daphne() -> None:
 
     def factory_init_failing_with_a_close(self: Any, *args: Any, **kwargs: Any) -> None:
         factory_init(self, *args, **kwargs)
-        self.setProtocolOptions(failByDrop=False)
+        self.setProtocolOptions(failByDrop=False, closeHandshakeTimeout=CLOSE_HANDSHAKE_TIMEOUT_S)
 
     with contextlib.suppress(ImportError):
         import autobahn.util
