@@ -233,9 +233,7 @@ WORKER = ("worker", "--no-reload", "--interval", "0.1", "--no-startup-delay")
 WAIT_FOR_WORKERS = {"OCCVIZ_SHARD_CLAIM_S": "60"}
 
 
-# Serial: with a 2 s arrival deadline, under other tests' load the job's error also named the stopped shard.
 @pytest.mark.slow
-@pytest.mark.serial
 def test_a_shard_no_process_takes_fails_the_job_with_why(start_manage) -> None:  # type: ignore[no-untyped-def]
     job = launch("counter", {"strategy": "occ", "writers": 2, "increments": 5, "processes": 2})
     start_manage(*WORKER, "--worker-id", "w1", env={"OCCVIZ_SHARD_ARRIVAL_S": "2", **WAIT_FOR_WORKERS})
