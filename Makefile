@@ -28,9 +28,16 @@ $(VENV)/.installed: requirements.txt
 run: $(VENV)/.installed
 	$(PY) manage.py serve --host $(HOST) --port $(PORT) --tls-port $(TLS_PORT) $(if $(WORKERS),--workers $(WORKERS)) --web-processes $(WEB_PROCESSES)
 
+# The suite runs in two phases: first everything but the `serial` tests, shared out over
+# TEST_WORKERS pytest-xdist processes (0: all in this one), then the `serial` ones alone, the
+# machine quiet for their timings. Both always run; either failing fails `make test`.
+TEST_WORKERS ?= 3
 test: $(VENV)/.installed lint typecheck
 	$(PY) manage.py makemigrations --check --dry-run
-	$(PY) -m pytest
+	status=0; \
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "not serial" || status=$$?; \
+	$(PY) -m pytest -m serial || status=$$?; \
+	exit $$status
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .

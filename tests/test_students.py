@@ -594,7 +594,9 @@ def test_the_student_page_of_a_finished_job_of_every_scenario_renders_read_only(
     assert student.get(f"/s/{token}/events.json?after=0&limit=5").json()["events"]
 
 
+# Serial: a press every 0.21 s must land within the 2.5 s race; under other tests' load every one met a conflict.
 @pytest.mark.slow
+@pytest.mark.serial
 @pytest.mark.parametrize("strategy", ["none", "occ"])
 def test_students_join_the_controllers_race_on_lanes_of_their_own(alice: User, strategy: str) -> None:
     from occviz.store.models import Deployment

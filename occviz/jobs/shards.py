@@ -484,6 +484,8 @@ class Shard:
         index, status, runner = missing[0][0], missing[0][1], missing[0][4]
         why = "no process took it" if status == JobShard.Status.WAITING else f"{runner} took it and did not connect"
         reason = f"shard {index} of {self.processes} never arrived within {bound:g} s: {why}"
+        with self._lock:  # said here: the watch, finding their rows stopped with this reason, is not to say it again
+            self._reported.update(row[0] for row in missing)
         # The shards not arrived are stopped: one claimed later finds its row taken and does nothing.
         JobShard.objects.filter(
             job_id=self.job_id, index__in=[row[0] for row in missing], status__in=["waiting", "running"]

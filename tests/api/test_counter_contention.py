@@ -205,6 +205,8 @@ def test_api_increments_race_a_running_job_and_both_sides_conflicts_are_shown_an
     assert all(f'data-writer="{writer}"' in html for writer in writers)
 
 
+# Serial: it needs 50 polls and 200 writes in 3 s, which other tests' load denied it (44 and 162).
+@pytest.mark.serial
 def test_a_viewer_polling_by_cursor_counts_every_write_of_writers_at_once(transactional_db: None) -> None:
     """The watch page's cursor: polled as fast as it goes while four API writers write at once, it misses none.
 

@@ -18,7 +18,8 @@ from occviz.jobs.models import Job
 from occviz.steps.hermitage import ANOMALIES, LEVELS, PUBLISHED
 from tests.browser.test_web_browser import sign_in
 
-pytestmark = [pytest.mark.browser, pytest.mark.slow]
+# With tests/test_anomalies_mariadb.py on one xdist worker: they share the machine's MariaDB.
+pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.xdist_group("mariadb")]
 
 SIZES = ({"width": 1400, "height": 900}, {"width": 1280, "height": 720})
 
