@@ -107,9 +107,9 @@ class JobContext:
                 try:
                     with transaction.atomic():  # a savepoint: the locks go with it if it rolls back
                         list(Job.objects.filter(pk=self.job.pk).select_for_update(no_key=True).values_list("pk"))
-                        local_lock_timeout(SETTLE_LOCK_TIMEOUT)
+                        _local_lock_timeout(SETTLE_LOCK_TIMEOUT)
                         lock_objects()
-                        local_lock_timeout("0")
+                        _local_lock_timeout("0")
                     break
                 except OperationalError as error:
                     if getattr(error.__cause__, "sqlstate", None) != "55P03":  # lock_not_available
@@ -267,10 +267,10 @@ class JobContext:
             connections.close_all()
 
 
-def local_lock_timeout(value: str) -> None:
+def _local_lock_timeout(value: str) -> None:
     """How long a row lock may be waited for, until the current transaction ends ("0": for ever)."""
     with connection.cursor() as cursor:
         cursor.execute("SELECT set_config('lock_timeout', %s, true)", [value])
 
 
-__all__ = ["Actor", "ControlHandler", "JobContext", "OutsideWriteHandler", "local_lock_timeout"]
+__all__ = ["Actor", "ControlHandler", "JobContext", "OutsideWriteHandler"]

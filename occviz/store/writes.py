@@ -218,7 +218,8 @@ def delete[V: VersionedObject](obj: V, writer: Writer, *, expected_version: int 
 def _swapped[V: VersionedObject](model: type[V], stored: V, changes: Mapping[str, Any]) -> V:
     """Write `changes` over the locked `stored`: the object as the write left it, from the UPDATE's own RETURNING."""
     fields = model._meta.concrete_fields
-    row = compare_and_swap(model, stored.pk, ANY, changes, returning=[field.attname for field in fields])
+    names = [field.attname for field in fields]
+    row = compare_and_swap(model, stored.pk, ANY, changes, returning=names)
     assert row is not None, "the row is locked: a blind write cannot miss it"
     db = connections[stored._state.db or "default"]
     values = []
@@ -228,7 +229,7 @@ def _swapped[V: VersionedObject](model: type[V], stored: V, changes: Mapping[str
         for convert in [*db.ops.get_db_converters(column), *field.get_db_converters(db)]:
             value = convert(value, column, db)
         values.append(value)
-    return model.from_db(db.alias, [field.attname for field in fields], values)
+    return model.from_db(db.alias, names, values)
 
 
 def _locked[V: VersionedObject](model: type[V], pk: Any) -> V | None:
