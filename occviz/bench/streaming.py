@@ -11,7 +11,9 @@ through a real Daphne server started on a free port of 127.0.0.1, signed in with
 cookie of a user it creates and an Origin header. With no query they are programs on the JSON
 stream; with JOB_PAGE_QUERY they open the one socket the job page opens, whose frames also
 carry the page's fragments. It returns both sides' commits per second (the job's own figure),
-their ratio, and the event-to-client latency percentiles.
+their ratio, the event-to-client latency percentiles, and the web server's CPU time per
+thousand events while watched (less noisy than the ratio on a shared machine: what the viewers
+cost the server, whatever the neighbours do).
 
 It refuses to measure when the channel layer carries nothing, since the feeds would then
 poll the job row once a second and the latency would be that poll's. A latency is the
@@ -89,17 +91,20 @@ def streaming_bench(
     env = {**os.environ, "DATABASE_URL": database_url or current_database_url()}
     asyncio.run(check_layer())
     cookie = session_cookie()
-    with web_servers(env) as (port, _):
+    with web_servers(env) as (port, servers):
         params = {"strategy": "occ", "writers": writers, "seconds": seconds, "max_attempts": 1000}
         # Rounds alternate, so a noisy machine slows both sides alike.
         alone: list[float] = []
         watched: list[float] = []
         latencies: list[float] = []
+        web_cpu_ms: list[float] = []
         complete = 0
         decoded_ok = 0
         for _ in range(rounds):
             alone.append(commits_per_s(run_alone(env, params)))
+            cpu_before = cpu_seconds(servers)
             job, received, decoded = asyncio.run(_watched_run(env, params, port, cookie, viewers, query))
+            web_cpu_ms.append(1e6 * (cpu_seconds(servers) - cpu_before) / max(job.last_seq, 1))
             watched.append(commits_per_s(job))
             latencies.extend(latencies_ms(job, received))
             complete += sum(viewer.complete(job.last_seq, html=html) for viewer in received)
@@ -122,6 +127,8 @@ def streaming_bench(
             + (" with its fragments" if html else "")
         ),
         "decoded_complete": f"{decoded_ok} of {rounds} decoded runs had every event exactly once",
+        "web_cpu_ms_per_1000_events": round(statistics.median(web_cpu_ms), 1),
+        "web_cpu_ms_per_1000_events_runs": [round(ms, 1) for ms in web_cpu_ms],
         "latency_ms": {
             "p50": percentile(latencies, 0.50),
             "p95": percentile(latencies, 0.95),
@@ -202,6 +209,17 @@ def web_servers(env: dict[str, str], processes: int = 1) -> Iterator[tuple[int, 
             server.terminate()
         for server in servers:
             server.wait(30)
+
+
+def cpu_seconds(processes: list[subprocess.Popen[bytes]]) -> float:
+    """The CPU time (user and system) the processes have used so far, from /proc/<pid>/stat."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for process in processes:
+        # Fields after the command's closing parenthesis; utime and stime are the 14th and 15th of the line.
+        fields = Path(f"/proc/{process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])
+    return total / ticks
 
 
 def wait_for_port(port: int, timeout: float = 30) -> None:

@@ -260,7 +260,9 @@ class Command(BaseCommand):
             f"  ratio watched / alone: {figures['ratio']:.2f} (target >= {ratio:.2f}); "
             f"{figures['viewers_complete']}; {figures['decoded_complete']}\n"
             f"  event-to-client latency: p50 {figures['latency_ms']['p50']} ms, "
-            f"p95 {figures['latency_ms']['p95']} ms (target p95 <= {p95_ms:g} ms)"
+            f"p95 {figures['latency_ms']['p95']} ms (target p95 <= {p95_ms:g} ms)\n"
+            f"  web server CPU while watched: {figures['web_cpu_ms_per_1000_events']} ms per 1,000 events "
+            f"(runs {_list(figures['web_cpu_ms_per_1000_events_runs'], '.1f')})"
         )
 
     def _engine(self, writers: int, seconds: float, rounds: int, processes: int | None = None) -> dict[str, Any]:
