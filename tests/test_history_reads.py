@@ -32,13 +32,17 @@ from occviz.bench.history import long_finished_job
 from occviz.bench.wsclient import Closed, WsClient
 from occviz.jobs.events import EVENT_FIELDS, read_events, read_events_json
 from occviz.live.dbthreads import DatabaseThreads
-from occviz.live.frames import event_array
 from tests.servers import ROOT, free_port, stop, wait_for_port
 from tests.test_live_stream import assert_exactly_once
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 EVERY_EVENT = f"SELECT {', '.join(EVENT_FIELDS)} FROM jobs_event WHERE job_id = %s AND seq > %s ORDER BY seq LIMIT %s"
+
+
+def event_array(event: dict[str, Any]) -> list[Any]:
+    """An event as the stream's JSON array says it: its values in EVENT_FIELDS order."""
+    return [event[name] for name in EVENT_FIELDS]
 
 
 def unnested_batches(job_id: int, after: int, limit: int) -> int:
@@ -347,7 +351,7 @@ async def test_viewers_asking_for_the_same_page_share_one_read(monkeypatch: pyte
     pages = history.HistoryPages(size=2)
     first = await asyncio.gather(*(pages.page(info, 0, job.last_seq) for _ in range(50)))
     assert reads == [(0, 2000)] and all(page is first[0] for page in first)
-    expected = await sync_to_async(lambda: StoreReader(info, 0).next_wire_frame(job.last_seq))()
+    expected = await sync_to_async(lambda: StoreReader(info, 0).next_frame(job.last_seq))()
     assert expected is not None
     assert (first[0].seq_from, first[0].seq_to, first[0].events_json) == (1, 2000, expected.events_json)
     assert await pages.page(info, 0, job.last_seq) is first[0] and len(reads) == 1, "kept for those who come later"

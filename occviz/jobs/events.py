@@ -90,9 +90,10 @@ def read_events(job_id: int, after: int, limit: int) -> list[dict[str, Any]]:
 def read_events_json(job_id: int, after: int, limit: int) -> tuple[int, int, int, str] | None:
     """The page `read_events` reads, as (first seq, last seq, count, the events as JSON arrays, comma-separated).
 
-    Encoded by PostgreSQL: a viewer catching up on a long history costs the web process one
-    string a page, not an object per value. The arrays say what `event_array` of each event
-    says (the same values; a detail's JSON may differ in spacing), or None if there are none.
+    Encoded by PostgreSQL: every frame a viewer is sent costs the web process one string a
+    page, not an object per value. Each array holds an event's values in EVENT_FIELDS order
+    (the same values `read_events` gives; a detail's JSON may differ in spacing); None if
+    there are no events.
     """
     with connection.cursor() as cursor:
         cursor.execute(_READ_EVENTS_JSON, _page_params(job_id, after, limit))

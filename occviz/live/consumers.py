@@ -155,8 +155,9 @@ class JobEventsConsumer(RefusingConsumer):
                 position = frames[-1].seq_to
                 yield frames
                 continue
-            if position < feed.window_after:  # history older than the feed's window
-                frame = await read_store(feed.window_after)
+            until = feed.history_until(position)
+            if until > position:  # history older than the feed's window, or the rest of a frame resumed inside
+                frame = await read_store(until)
                 if frame is not None:
                     position = frame.seq_to
                     yield [frame]

@@ -4,10 +4,11 @@ A feed joins the channel group `job-<id>` once, and on each `job.progress` messa
 reads the newly stored range from PostgreSQL once, as frames (at most
 MAX_EVENTS_PER_FRAME events each), which it keeps in a short in-memory window.
 Every viewer of the job in this process takes its frames from that window; only a
-viewer that is behind the window (it resumed from an old sequence number) reads
-the store itself, once, to catch up.
+viewer that is behind the window (it resumed from an old sequence number) or resumed
+inside one of its frames reads the store itself, to catch up.
 
-Each window frame is encoded to JSON once, when it is read (`WireFrame`). A viewer
+Each window frame's events come encoded to JSON by PostgreSQL as it is read
+(`WireFrame`): the process builds no object per event. A viewer
 that is behind by several frames gets them merged into one message (at most
 MAX_EVENTS_PER_FRAME events) by joining their encoded text: the cost of a viewer is
 one string per message it is sent, whatever the number of events, and viewers at the
@@ -30,6 +31,7 @@ from typing import Any
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 
+from occviz.jobs.events import read_events
 from occviz.live import fragments
 from occviz.live.frames import StoreReader, WireFrame, wire_text
 from occviz.live.jobstate import JobState, aread_job_state
@@ -87,9 +89,25 @@ class JobFeed:
             found.append(frame)
         if not found or found[-1].seq_from > position + 1:
             return []  # nothing new, or the window starts later: the viewer reads the store first
+        if found[-1].seq_from <= position:
+            return []  # the viewer resumed inside a frame (frames are never cut): it reads the store to its end
         found.reverse()
-        found[0] = found[0].after(position)
         return found
+
+    def history_until(self, position: int) -> int:
+        """Up to where a viewer at `position` reads the store itself before the window serves it.
+
+        The window's start, if the viewer is behind it; the end of the window's frame it resumed
+        inside (frames are encoded whole, so never cut), if it did; else `position` (nothing).
+        """
+        if position < self.window_after:
+            return self.window_after
+        for frame in reversed(self.frames):
+            if frame.seq_to <= position:
+                break
+            if frame.seq_from <= position:
+                return frame.seq_to
+        return position
 
     def encoded(self, parts: list[WireFrame], *, html: bool = False, whole: bool = False) -> str:
         """One message for consecutive frames, built once for all the viewers that are sent the same range."""
@@ -226,13 +244,15 @@ class JobFeed:
                 self._notify()
 
     def _read_encoded(self, upto: int) -> WireFrame | None:
-        frame = self._reader.next_frame(upto)
-        if frame is None:
+        # Events encoded by PostgreSQL, one string a frame: the process builds no object per event.
+        wire = self._reader.next_frame(upto)
+        if wire is None:
             return None
-        wire = WireFrame.encoded(frame)
         if self.html_viewers:
-            self.log.add(frame["events"])
-            wire.html, wire.changed_html = self._fragments.next(self.state, frame, self.log)
+            # The log shows the last LOG_LINES events only: those are read as values.
+            last = min(wire.count, fragments.LOG_LINES)
+            self.log.add(read_events(self.job_id, wire.seq_to - last, last))
+            wire.html, wire.changed_html = self._fragments.next(self.state, wire.frame, self.log)
         return wire
 
     def _notify(self) -> None:

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from django.template.loader import render_to_string
 
+from occviz.jobs.events import read_events
 from occviz.jobs.snapshots import snapshot_at
-from occviz.live.frames import read_events
 from occviz.scenarios.base import Scenario, fill
 
 if TYPE_CHECKING:

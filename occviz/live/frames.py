@@ -17,9 +17,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
-from occviz.jobs.events import EVENT_FIELDS, read_events, read_events_json
+from occviz.jobs.events import read_events_json
 from occviz.jobs.figures import Totals
-from occviz.jobs.snapshots import Snapshot, snapshot_or_empty
+from occviz.jobs.snapshots import snapshot_or_empty
 from occviz.scenarios import SCENARIOS
 from occviz.scenarios.base import Scenario
 
@@ -32,7 +32,6 @@ class Frame(TypedDict):
     job: int
     seq_from: int
     seq_to: int
-    events: list[dict[str, Any]]
     totals: Totals
     state: dict[str, Any]
     """The scenario's live state (the counter's `rows`, ...): sent as keys of the frame itself."""
@@ -55,77 +54,29 @@ class JobInfo:
         return SCENARIOS.get(self.scenario, _BARE)
 
 
-def event_array(event: dict[str, Any]) -> list[Any]:
-    """One event as the stream sends it: its values in EVENT_FIELDS order (the names are in the hello)."""
-    return [event[name] for name in EVENT_FIELDS]
-
-
-def make_frame(
-    job_id: int, events: list[dict[str, Any]], snapshot: Snapshot, seq_range: tuple[int, int] | None = None
-) -> Frame:
-    """A frame of `events` (or, with `seq_range`, of events kept elsewhere: encoded by the store)."""
-    seq_from, seq_to = seq_range or (events[0]["seq"], events[-1]["seq"])
-    return {
-        "type": "frame",
-        "job": job_id,
-        "seq_from": seq_from,
-        "seq_to": seq_to,
-        "events": events,
-        "totals": snapshot["figures"],
-        "state": snapshot["state"],
-    }
-
-
 class WireFrame:
-    """A frame with its JSON encoded once, in two parts, so consecutive frames merge by joining text.
+    """A frame with its JSON in two parts, so consecutive frames merge by joining text.
 
     `events_json` is the frame's events as arrays (EVENT_FIELDS order), comma-separated,
-    without the enclosing brackets; `tail_json` is `,"totals":{...},<state>}` (the counter's
-    state is `"rows":[...]`). A merged frame takes the events of all its parts and the tail (totals and state as of
-    its `seq_to`) of the last one, which is exactly what one frame over the whole range says.
-    Both are encoded on first use (the fragment socket never needs them); a feed
-    encodes its frames as it reads them, in the database thread.
+    without the enclosing brackets, as PostgreSQL encoded them; `tail_json` is
+    `,"totals":{...},<state>` (the counter's state is `"rows":[...]`). A merged frame takes
+    the events of all its parts and the tail (totals and state as of its `seq_to`) of the
+    last one, which is exactly what one frame over the whole range says. A frame is never
+    cut: a viewer that resumes inside one reads the rest of it from the store.
     """
 
-    __slots__ = ("_count", "_events_json", "_tail_json", "changed_html", "frame", "html")
+    __slots__ = ("changed_html", "count", "events_json", "frame", "html", "tail_json")
 
-    def __init__(self, frame: Frame) -> None:
+    def __init__(self, frame: Frame, count: int, events_json: str) -> None:
         self.frame = frame
-        self._count: int | None = None
-        self._events_json: str | None = None
-        self._tail_json: str | None = None
+        self.count = count
+        self.events_json = events_json
+        tail = json.dumps({"totals": frame["totals"], **frame["state"]}, separators=(",", ":"))
+        self.tail_json = "," + tail[1:-1]  # without the braces: wire_text closes it, after any fragments
         self.html: dict[str, str] | None = None
         """The page's fragments (by partial) as of this frame, when someone in this process watches with `html=1`."""
         self.changed_html: dict[str, str] | None = None
         """Those of them that differ from the frame before's."""
-
-    @classmethod
-    def encoded(cls, frame: Frame) -> WireFrame:
-        wire = cls(frame)
-        _ = (wire.events_json, wire.tail_json)  # encoded now, in the caller's thread
-        return wire
-
-    @classmethod
-    def from_json(cls, frame: Frame, count: int, events_json: str) -> WireFrame:
-        """A frame whose events came encoded from the store (`frame["events"]` is empty): sent, never cut."""
-        wire = cls(frame)
-        wire._count, wire._events_json = count, events_json
-        return wire
-
-    @property
-    def events_json(self) -> str:
-        if self._events_json is None:
-            text = json.dumps([event_array(event) for event in self.frame["events"]], separators=(",", ":"))
-            self._events_json = text[1:-1]
-        return self._events_json
-
-    @property
-    def tail_json(self) -> str:
-        if self._tail_json is None:
-            tail = {"totals": self.frame["totals"], **self.frame["state"]}
-            text = json.dumps(tail, separators=(",", ":"))
-            self._tail_json = "," + text[1:-1]  # without the closing brace: wire_text may add the fragments
-        return self._tail_json
 
     @property
     def seq_from(self) -> int:
@@ -134,20 +85,6 @@ class WireFrame:
     @property
     def seq_to(self) -> int:
         return self.frame["seq_to"]
-
-    @property
-    def count(self) -> int:
-        return len(self.frame["events"]) if self._count is None else self._count
-
-    def after(self, position: int) -> WireFrame:
-        """This frame without its events up to `position` (a client that resumed in its middle)."""
-        if position < self.seq_from:
-            return self
-        assert self._count is None, "a frame encoded by the store has no events to cut"
-        events = [event for event in self.frame["events"] if event["seq"] > position]
-        part = WireFrame({**self.frame, "seq_from": events[0]["seq"], "events": events})
-        part.html, part.changed_html = self.html, self.changed_html
-        return part
 
 
 def wire_text(job_id: int, parts: Sequence[WireFrame], *, html: bool = False, whole: bool = False) -> str:
@@ -195,19 +132,11 @@ class StoreReader:
         self.job = job
         self.position = after
 
-    def next_frame(self, upto: int, *, limit: int = MAX_EVENTS_PER_FRAME) -> Frame | None:
-        """The next frame after `position` reaching at most `upto`, or None if there is nothing new."""
-        if upto <= self.position:
-            return None
-        events = read_events(self.job.id, self.position, min(limit, upto - self.position))
-        if not events:
-            return None
-        self.position = events[-1]["seq"]
-        return make_frame(self.job.id, events, snapshot_or_empty(self.job.id, self.position))
+    def next_frame(self, upto: int, *, limit: int = MAX_EVENTS_PER_FRAME) -> WireFrame | None:
+        """The next frame after `position` reaching at most `upto`, or None if there is nothing new.
 
-    def next_wire_frame(self, upto: int, *, limit: int = MAX_EVENTS_PER_FRAME) -> WireFrame | None:
-        """The same frame as `next_frame`, its events encoded by PostgreSQL: for a viewer catching up on
-        history, which is sent the frame and nothing else (one string here instead of an object a value)."""
+        Its events are encoded by PostgreSQL: one string a frame here, not an object a value.
+        """
         if upto <= self.position:
             return None
         page = read_events_json(self.job.id, self.position, min(limit, upto - self.position))
@@ -215,10 +144,16 @@ class StoreReader:
             return None
         seq_from, seq_to, count, events_json = page
         self.position = seq_to
-        frame = make_frame(self.job.id, [], snapshot_or_empty(self.job.id, seq_to), (seq_from, seq_to))
-        wire = WireFrame.from_json(frame, count, events_json)
-        _ = wire.tail_json  # encoded now, in the caller's thread
-        return wire
+        snapshot = snapshot_or_empty(self.job.id, seq_to)
+        frame: Frame = {
+            "type": "frame",
+            "job": self.job.id,
+            "seq_from": seq_from,
+            "seq_to": seq_to,
+            "totals": snapshot["figures"],
+            "state": snapshot["state"],
+        }
+        return WireFrame(frame, count, events_json)
 
     def seek(self, position: int) -> None:
         """Move to another position (a client's resume)."""

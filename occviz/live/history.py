@@ -36,7 +36,7 @@ Key = tuple[int, int, int]
 
 
 def _read_page(job: JobInfo, after: int, reach: int) -> WireFrame | None:
-    return StoreReader(job, after).next_wire_frame(reach)
+    return StoreReader(job, after).next_frame(reach)
 
 
 class _Reading[V]:
