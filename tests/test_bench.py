@@ -27,6 +27,7 @@ def test_job_page_sockets_through_daphne_see_every_event_and_the_end_with_fragme
     assert figures["decoded_complete"] == "1 of 1 decoded runs had every event exactly once"
     assert figures["commits_per_s_alone"] > 0 and figures["commits_per_s_watched"] > 0
     assert figures["latency_ms"]["p95"] is not None
+    assert figures["web_cpu_ms_per_1000_events"] > 0  # the web server did work while the job was watched
 
 
 @pytest.mark.slow

@@ -102,9 +102,9 @@ def streaming_bench(
         decoded_ok = 0
         for _ in range(rounds):
             alone.append(commits_per_s(run_alone(env, params)))
-            cpu_before = cpu_seconds(servers)
-            job, received, decoded = asyncio.run(_watched_run(env, params, port, cookie, viewers, query))
-            web_cpu_ms.append(1e6 * (cpu_seconds(servers) - cpu_before) / max(job.last_seq, 1))
+            watching = _watched_run(env, params, servers, port, cookie, viewers, query)
+            job, received, decoded, cpu_s = asyncio.run(watching)
+            web_cpu_ms.append(1e6 * cpu_s / max(job.last_seq, 1))
             watched.append(commits_per_s(job))
             latencies.extend(latencies_ms(job, received))
             complete += sum(viewer.complete(job.last_seq, html=html) for viewer in received)
@@ -249,10 +249,17 @@ def run_alone(env: dict[str, str], params: dict[str, Any]) -> Job:
 
 
 async def _watched_run(
-    env: dict[str, str], params: dict[str, Any], port: int, cookie: str, viewers: int, query: str
-) -> tuple[Job, list[Viewer], list[int]]:
-    """The job watched by `viewers` clients: the job, what each client received, and the seqs of
-    the events the first client decoded."""
+    env: dict[str, str],
+    params: dict[str, Any],
+    servers: list[subprocess.Popen[bytes]],
+    port: int,
+    cookie: str,
+    viewers: int,
+    query: str,
+) -> tuple[Job, list[Viewer], list[int], float]:
+    """The job watched by `viewers` clients: the job, what each client received, the seqs of
+    the events the first client decoded, and the CPU seconds the servers used from the job's
+    start to the last client's end (the sockets' opening, before the job, not counted)."""
     from asgiref.sync import sync_to_async
 
     job = await sync_to_async(launch)("counter", params)
@@ -264,10 +271,12 @@ async def _watched_run(
         for number, (viewer, ready) in enumerate(zip(received, connected, strict=True))
     ]
     await asyncio.wait_for(asyncio.gather(*(ready.wait() for ready in connected)), 60)
+    cpu_before = cpu_seconds(servers)
     worker = start_worker(env)
     await asyncio.wait_for(asyncio.gather(*clients), params["seconds"] + 120)
+    cpu_s = cpu_seconds(servers) - cpu_before
     await asyncio.to_thread(worker.wait, 60)
-    return await Job.objects.aget(pk=job.pk), received, decoded
+    return await Job.objects.aget(pk=job.pk), received, decoded, cpu_s
 
 
 async def _follow(
