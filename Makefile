@@ -29,14 +29,14 @@ run: $(VENV)/.installed
 	$(PY) manage.py serve --host $(HOST) --port $(PORT) --tls-port $(TLS_PORT) $(if $(WORKERS),--workers $(WORKERS)) --web-processes $(WEB_PROCESSES)
 
 # The suite runs in two phases: first everything but the `serial` tests, shared out over
-# TEST_WORKERS pytest-xdist processes (0: all in this one), then the `serial` ones alone, the
-# machine quiet for their timings. Both always run; either failing fails `make test`.
+# TEST_WORKERS pytest-xdist processes (0: all in this one), a test file's tests on one worker (its
+# module fixtures made once), then the `serial` ones alone, the machine quiet for their timings. Both always run; either failing fails `make test`.
 # 0 until a whole run over workers is green twice on a 2-core machine (docs/performance.md).
 TEST_WORKERS ?= 0
 test: $(VENV)/.installed lint typecheck
 	$(PY) manage.py makemigrations --check --dry-run
 	status=0; \
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "not serial" || status=$$?; \
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not serial" || status=$$?; \
 	$(PY) -m pytest -m serial || status=$$?; \
 	exit $$status
 

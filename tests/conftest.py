@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +18,7 @@ from django.test import Client
 from tests.servers import child_database_url
 
 ROOT = Path(__file__).resolve().parent.parent
+MARIADB_LOCK = Path(tempfile.gettempdir()) / "occviz-tests-mariadb.lock"
 
 # Playwright's sync API runs an event loop in the test thread; Django's ORM must still be usable there.
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
@@ -40,6 +43,18 @@ def in_memory_channel_layer(settings: Any) -> None:
     Tests about the layer itself, and child processes (given DATABASE_URL), use the real one.
     """
     settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+
+@pytest.fixture(scope="module")
+def mariadb_to_ourselves() -> Iterator[None]:
+    """The machine's MariaDB to this module's tests alone, whatever else runs (xdist workers, another checkout).
+
+    A run's databases there are named by job id, which every worker's test database counts from 1,
+    and one test drops the stale ones.
+    """
+    with MARIADB_LOCK.open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # let go of when the file is closed
+        yield
 
 
 @pytest.fixture

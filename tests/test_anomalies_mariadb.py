@@ -24,9 +24,7 @@ from occviz.steps.hermitage import ANOMALIES, LEVELS, TESTS
 from occviz.steps.mysql import DATABASE_PREFIX, Server, drop_stale_databases
 
 URL = "mysql://root@127.0.0.1:3306/"
-# One xdist worker for every test on the machine's MariaDB (tests/browser/test_anomalies_page.py too): a run's
-# databases are named by job id, which each worker's database counts from 1, and one test drops the stale ones.
-pytestmark = pytest.mark.xdist_group("mariadb")
+pytestmark = pytest.mark.usefixtures("mariadb_to_ourselves")
 reads_the_table = pytest.mark.django_db
 runs_jobs = pytest.mark.django_db(transaction=True)
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from occviz.jobs.models import Event
+from occviz.jobs.models import Event, Job
 from occviz.jobs.runner import run_job
 from occviz.jobs.tasks import create_job
 from occviz.scenarios import SCENARIOS
@@ -108,7 +108,8 @@ def test_every_recorded_event_of_a_captioned_kind_reads_whole(
 
 def test_outside_writes_are_captioned_whole(alice: Any) -> None:
     """Outside writes (the API, the admin) into a running race: conditional ones, their 409s, a blind one."""
-    job = create_job("counter", {"strategy": "occ", "writers": 2, "increments": 300, "think_ms": 3}, alice)
+    # More increments than it can make before the outside writes end, however busy the machine: cancelled after them.
+    job = create_job("counter", {"strategy": "occ", "writers": 2, "increments": 10_000, "think_ms": 3}, alice)
     outside = OutsideIncrementer(job.pk, increments=15, think_s=0.004)
 
     def then_blind() -> None:
@@ -116,6 +117,7 @@ def test_outside_writes_are_captioned_whole(alice: Any) -> None:
         try:
             row = Counter.objects.get(job_id=job.pk)
             writes.update(row, {"value": 1}, writes.Writer("admin", "bob"), expected_version=ANY)
+            Job.objects.get(pk=job.pk).request_cancel()
         finally:
             connection.close()
 

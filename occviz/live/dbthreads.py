@@ -32,6 +32,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import psycopg
 from django.db import DatabaseError, connection
 
 logger = logging.getLogger(__name__)
@@ -181,10 +182,12 @@ def _connect() -> None:
 
 def _release_connection() -> None:
     """Close this thread's connection (back to the pool, when there is one, as it was lent)."""
-    if connection.connection is None:
+    raw = connection.connection
+    if raw is None:
         return
-    with contextlib.suppress(DatabaseError), connection.cursor() as cursor:
-        cursor.execute("RESET statement_timeout")
+    # On the open connection itself: nothing here may open one (a test's database may be closed to it by now).
+    with contextlib.suppress(psycopg.Error):
+        raw.execute("RESET statement_timeout")
     _close()
 
 

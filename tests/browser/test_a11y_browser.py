@@ -34,8 +34,7 @@ from tests.test_every_page import JobSet
 from tests.test_lessons import ship
 
 # django_db: the test database is set up for these tests too (the site's rows are made outside their transactions).
-# One xdist worker for the module: its module's fixtures are made once.
-pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db, pytest.mark.xdist_group("a11y")]
+pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db]
 
 AXE = Axe()
 SCREENS = ((1400, 900), (1280, 720))

@@ -19,7 +19,7 @@ from occviz.steps.hermitage import ANOMALIES, LEVELS, PUBLISHED
 from tests.browser.test_web_browser import sign_in
 
 # With tests/test_anomalies_mariadb.py on one xdist worker: they share the machine's MariaDB.
-pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.xdist_group("mariadb")]
+pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.usefixtures("mariadb_to_ourselves")]
 
 SIZES = ({"width": 1400, "height": 900}, {"width": 1280, "height": 720})
 
