@@ -30,7 +30,8 @@ run: $(VENV)/.installed
 
 # The suite runs in two phases: first everything but the `serial` tests, shared out over
 # TEST_WORKERS pytest-xdist processes (0: all in this one), a test file's tests on one worker (its
-# module fixtures made once), then the `serial` ones alone, the machine quiet for their timings. Both always run; either failing fails `make test`.
+# module fixtures made once), then the `serial` ones alone, the machine quiet for their timings.
+# Both always run; either failing fails `make test`.
 # 0 until a whole run over workers is green twice on a 2-core machine (docs/performance.md).
 TEST_WORKERS ?= 0
 test: $(VENV)/.installed lint typecheck

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import fcntl
 import os
 import subprocess
 import sys
@@ -15,7 +14,7 @@ import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 
-from tests.servers import child_database_url
+from tests.servers import child_database_url, machine_wide
 
 ROOT = Path(__file__).resolve().parent.parent
 MARIADB_LOCK = Path(tempfile.gettempdir()) / "occviz-tests-mariadb.lock"
@@ -52,8 +51,7 @@ def mariadb_to_ourselves() -> Iterator[None]:
     A run's databases there are named by job id, which every worker's test database counts from 1,
     and one test drops the stale ones.
     """
-    with MARIADB_LOCK.open("a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # let go of when the file is closed
+    with machine_wide(MARIADB_LOCK):
         yield
 
 

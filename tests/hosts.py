@@ -19,7 +19,6 @@ also when the test or the setup fails halfway.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import re
 import shutil
@@ -38,6 +37,8 @@ from typing import Any
 import psutil
 import psycopg
 import pytest
+
+from tests.servers import machine_wide
 
 ROOT = Path(__file__).resolve().parent.parent
 SUBNET = "10.251"  # 10.251.x.0/30 per network: .1 on this side, .2 in the namespace
@@ -122,8 +123,7 @@ def network_namespace() -> Iterator[Network]:
     _remove_leftovers()
     _made += 1
     with contextlib.ExitStack() as undo:
-        with ADDRESS_LOCK.open("a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # let go of when the file is closed
+        with machine_wide(ADDRESS_LOCK):
             x = _free_third_octet()
             net = Network(
                 namespace=f"{PREFIX}{os.getpid()}-{_made}",

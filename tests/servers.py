@@ -6,6 +6,7 @@ goes to log files, which is where to look when a test against them fails.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import socket
 import subprocess
@@ -28,6 +29,14 @@ def child_database_url() -> str:
     if host.startswith("/"):
         return f"postgresql://{params['USER']}@/{params['NAME']}?host={quote(host)}"
     return f"postgresql://{params['USER']}:{params['PASSWORD']}@{host}:{params['PORT'] or 5432}/{params['NAME']}"
+
+
+@contextmanager
+def machine_wide(lock: Path) -> Iterator[None]:
+    """The block runs alone among those on this machine that hold `lock` (xdist workers, other checkouts)."""
+    with lock.open("a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # let go of when the file is closed
+        yield
 
 
 def free_port() -> int:
