@@ -137,25 +137,30 @@ class JobContext:
 
     def _deliver_controls(self) -> None:
         for control in JobControl.objects.filter(job_id=self.job.pk, applied_at=None).order_by("id"):
-            # Applied by compare-and-swap: two deliveries never apply the same control twice.
-            if not JobControl.objects.filter(pk=control.pk, applied_at=None).update(applied_at=timezone.now()):
-                continue
-            outcome = ""
-            if control.action == "outside":
-                # Followed after the stop too: the writers wind down, and the objects still take writes.
-                if self._outside_handler is not None:
-                    self._outside_handler(control.payload or {})
-                else:
-                    outcome = "the job does not follow outside writes now"
-            elif self._control_handler is None or self.stop.is_set():
-                outcome = "the job takes no controls now"
-            else:
-                try:
-                    self._control_handler(control.action, control.actor, control.seconds)
-                except ValueError as refused:
-                    outcome = str(refused)
-            if outcome:
-                JobControl.objects.filter(pk=control.pk).update(outcome=outcome)
+            # Claimed under a row lock and marked applied with its outcome in one write: a control is
+            # handled once, and nobody sees it applied before they can see whether it was refused.
+            with transaction.atomic():
+                pending = JobControl.objects.select_for_update(skip_locked=True).filter(pk=control.pk, applied_at=None)
+                if not pending.exists():
+                    continue
+                outcome = self._apply(control)
+                JobControl.objects.filter(pk=control.pk).update(applied_at=timezone.now(), outcome=outcome)
+
+    def _apply(self, control: JobControl) -> str:
+        """Hand `control` to the program: '' once applied, else why it was not."""
+        if control.action == "outside":
+            # Followed after the stop too: the writers wind down, and the objects still take writes.
+            if self._outside_handler is None:
+                return "the job does not follow outside writes now"
+            self._outside_handler(control.payload or {})
+            return ""
+        if self._control_handler is None or self.stop.is_set():
+            return "the job takes no controls now"
+        try:
+            self._control_handler(control.action, control.actor, control.seconds)
+        except ValueError as refused:
+            return str(refused)
+        return ""
 
     def final_figures(self) -> Totals:
         """The job's figures as it ends: everything recorded so far stored, and its snapshot's figures.

@@ -148,7 +148,8 @@ class JobControl(models.Model):
 
     The view stores it and bumps `Job.controls_requested` in one transaction; the job's
     recorder reads that count with the cancel flag every tick, and the runner hands each
-    new control to the program, marking it applied by compare-and-swap so it runs once.
+    new control to the program under a lock on its row, so it runs once, and marks it applied
+    with its outcome in the same write.
     """
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="controls")
