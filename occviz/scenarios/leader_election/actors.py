@@ -31,7 +31,7 @@ from occviz.concurrency.latency import Network
 from occviz.concurrency.writer import Record
 from occviz.scenarios.leader_election.elector import Habits, LeaderElectionConfig, LeaderElector, Ready, first_line
 from occviz.scenarios.leader_election.proxy import DatabaseProxy
-from occviz.scenarios.leader_election.replica import ReplicaProcess, ReplicaSpawner
+from occviz.scenarios.leader_election.replica import ReplicaProcess, ReplicaSpawner, fork_server
 from occviz.store.models import Counter, Lease
 
 logger = logging.getLogger(__name__)
@@ -185,8 +185,7 @@ class LeaderElection:
         """
         self._seconds = seconds
         if self.processes:
-            # Started by this thread, which outlives every replica: the kernel ends it with this thread.
-            self._spawner = ReplicaSpawner(self.using)
+            self._spawner = fork_server(self.using)  # started on the process' first election, kept for the next
         try:
             (run_actors or self._run_threads)(self.actors())
             if self._started.is_set():
@@ -198,8 +197,6 @@ class LeaderElection:
             self._wake_all()
             for thread in [*self._added, *self._helpers]:
                 thread.join()
-            if self._spawner is not None:
-                self._spawner.close()
             self.network.close()
         if self._errors:
             raise self._errors[0]

@@ -2,11 +2,12 @@
 
 `ReplicaProcess` is a replica as the job's process sees it: a child process running one
 `LeaderElector` on a connection through the replica's proxy, exactly as a thread of the
-job would. The children come from a fork server (`ReplicaSpawner`, one per election):
-a process started with the job's interpreter and Django settings, which sets Django up
-once and forks a replica per request, so that a replica starts in milliseconds rather
-than the second Django takes to start (a replica added while the job runs joins at once;
-sixteen start as fast as three). The fork server is single-threaded and never connects
+job would. The children come from a fork server (`ReplicaSpawner`, one per process and
+database, kept for the next elections): a process started with the job's interpreter and
+Django settings, which sets Django up once and forks a replica per request, so that a
+replica starts in milliseconds rather than the second Django takes to start (a replica
+added while the job runs joins at once; sixteen start as fast as three; an election after
+the first one starts no Django at all). The fork server is single-threaded and never connects
 to the database: each replica opens its own connection after the fork.
 
 A replica and the job's process talk over two pipes, handed to the fork server with the
@@ -29,8 +30,9 @@ and the fencing rejects the write. Cut off stays the proxy's. Signals go through
 so none can reach another process that reused a dead replica's pid.
 
 Nothing outlives the job's process: the fork server asks the kernel for SIGKILL when the
-thread that started it ends (PR_SET_PDEATHSIG), each replica likewise when the fork
-server ends, and a replica also ends when its command pipe closes.
+thread that started it ends (PR_SET_PDEATHSIG; a thread that lasts as long as the process),
+each replica likewise when the fork server ends, and a replica also ends when its command
+pipe closes or its election ends it.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ import ctypes
 import json
 import logging
 import os
+import queue
 import random
 import select
 import signal
@@ -49,6 +52,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Final
@@ -137,20 +141,21 @@ def process_state(pid: int) -> str:
 
 
 class ReplicaSpawner:
-    """The fork server of one election: `spawn(setup)` starts a replica process, its pid and pipes returned.
+    """A fork server: `spawn(setup)` starts a replica process, its pid and pipes returned.
 
-    Start it in the thread that runs the election (the kernel ends it with that thread) and
-    close it once every replica has ended.
+    Get one with `fork_server(using)`: each process keeps one per database (and environment),
+    started by a thread that lives as long as the process, so that the kernel ends it with the
+    process and every election after the first starts its replicas at once.
     """
 
-    def __init__(self, using: str = "default") -> None:
+    def __init__(self, environment: dict[str, str]) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             self._process = subprocess.Popen(
                 [sys.executable, "-c", _BOOT, str(theirs.fileno()), str(os.getpid())],
                 stdin=subprocess.DEVNULL,
                 pass_fds=(theirs.fileno(),),
-                env=_child_environment(using),
+                env=environment,
             )
         except BaseException:
             ours.close()
@@ -161,6 +166,9 @@ class ReplicaSpawner:
         self._socket.settimeout(START_TIMEOUT_S)
         self._lock = threading.Lock()
         self.pid = self._process.pid
+
+    def alive(self) -> bool:
+        return self._process.poll() is None
 
     def spawn(self, setup: dict[str, Any]) -> tuple[int, int, int]:
         """A new replica process: (its pid, the write end of its commands, the read end of its lines)."""
@@ -183,15 +191,59 @@ class ReplicaSpawner:
             raise RuntimeError(f"the replicas' fork server exited ({self._process.poll()})")
         return int(json.loads(answer)["pid"]), commands_write, lines_read
 
-    def close(self) -> None:
-        """End the fork server (only once its replicas have ended: they end with it)."""
+
+class _ForkServers:
+    """This process' fork servers, one per child environment, each started by the keeper thread.
+
+    The kernel ends a fork server when the thread that started it ends (PR_SET_PDEATHSIG): the
+    keeper is a thread that never ends, so they live as long as this process, and no longer.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._servers: dict[tuple[tuple[str, str], ...], ReplicaSpawner] = {}
+        self._requests: queue.SimpleQueue[tuple[dict[str, str], Future[ReplicaSpawner]]] | None = None
+
+    def get(self, using: str) -> ReplicaSpawner:
+        environment = _child_environment(using)
+        key = tuple(sorted(environment.items()))
         with self._lock:
-            self._socket.close()
-        try:
-            self._process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            self._process.kill()
-            self._process.wait()
+            server = self._servers.get(key)
+            if server is None or not server.alive():
+                server = self._servers[key] = self._start(environment)
+            return server
+
+    def _start(self, environment: dict[str, str]) -> ReplicaSpawner:
+        if self._requests is None:
+            self._requests = queue.SimpleQueue()
+            threading.Thread(target=self._keep, args=(self._requests,), name="occviz-forks", daemon=True).start()
+        started: Future[ReplicaSpawner] = Future()
+        self._requests.put((environment, started))
+        return started.result()
+
+    @staticmethod
+    def _keep(requests: queue.SimpleQueue[tuple[dict[str, str], Future[ReplicaSpawner]]]) -> None:
+        while True:
+            environment, started = requests.get()
+            try:
+                started.set_result(ReplicaSpawner(environment))
+            except BaseException as error:
+                started.set_exception(error)
+
+    def forget(self) -> None:
+        """In a forked child: the parent's servers and keeper are not this process' (it starts its own)."""
+        self._lock = threading.Lock()
+        self._servers = {}
+        self._requests = None
+
+
+_fork_servers = _ForkServers()
+os.register_at_fork(after_in_child=_fork_servers.forget)
+
+
+def fork_server(using: str = "default") -> ReplicaSpawner:
+    """This process' fork server of replicas on `using`'s database, started on first use."""
+    return _fork_servers.get(using)
 
 
 class ReplicaProcess:
