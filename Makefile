@@ -31,11 +31,13 @@ run: $(VENV)/.installed
 # The suite runs in two phases: first everything but the `serial` tests, shared out over
 # TEST_WORKERS pytest-xdist processes (0: all in this one), a test file's tests on one worker (its
 # module fixtures made once), then the `serial` ones alone, the machine quiet for their timings.
-# Both always run; either failing fails `make test`.
-# 0 until a whole run over workers is green twice on a 2-core machine (docs/performance.md).
-TEST_WORKERS ?= 0
+# Both always run; either failing fails `make test`. TEST_WORKERS=0 runs the first phase in one process.
+# occviz's bytecode is written first: the suite starts hundreds of Django processes, and each would
+# compile every module of occviz again where PYTHONDONTWRITEBYTECODE is set.
+TEST_WORKERS ?= 2
 test: $(VENV)/.installed lint typecheck
 	$(PY) manage.py makemigrations --check --dry-run
+	$(PY) -m compileall -q occviz
 	status=0; \
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not serial" || status=$$?; \
 	$(PY) -m pytest -m serial || status=$$?; \
