@@ -29,6 +29,7 @@ import contextlib
 import json
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -186,8 +187,8 @@ async def _open(port: int, path: str, cookie: str) -> tuple[WsClient, float, flo
     return client, (time.monotonic() - started) * 1000.0, time.time()
 
 
-async def follow_page(client: WsClient, viewer: Viewer) -> None:
-    """Frames as (seq_from, seq_to, receive time) until the end; the end kept."""
+async def follow_page(client: WsClient, viewer: Viewer, other: Callable[[dict[str, Any]], None] | None = None) -> None:
+    """Frames as (seq_from, seq_to, receive time) until the end; the end kept, any other message to `other`."""
     try:
         while True:
             text = await client.receive_bytes()
@@ -199,6 +200,8 @@ async def follow_page(client: WsClient, viewer: Viewer) -> None:
             message = json.loads(text)
             if message["type"] == "end":
                 viewer.end = message
+            elif other is not None:
+                other(message)
     except (Closed, asyncio.IncompleteReadError, ConnectionError):
         pass
     finally:

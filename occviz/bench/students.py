@@ -10,7 +10,8 @@ against writers with no think time), in rounds that alternate: the job
 alone, then the same job with `students` student pages open on it (the socket a student page
 opens, `/ws/s/<token>/events/?after=0&html=1`, signed by the link's token, no session) and
 `pressing` of those students pressing +1 once a second (each at its own phase in the second,
-as a class does) through the student page's own endpoint. It reports:
+as a class does) as the student page's script does: over the student's open socket (`press_via`
+"socket", the default), or through the press endpoint, a POST each (`press_via` "http"). It reports:
 
 - the job's commits/s alone and watched (medians of the rounds) and their ratio, against 0.9;
 - the event-to-student latency p50/p95 over every event of every student (as the streaming part
@@ -24,11 +25,13 @@ as a class does) through the student page's own endpoint. It reports:
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import random
 import statistics
 import time
 from collections import Counter as Tally
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,6 +60,7 @@ PAGE_QUERY = "?after=0&html=1"
 LATENCY_TARGET_MS = 150.0
 RATIO_TARGET = 0.9
 PRESS_EVERY_S = 1.0
+PRESS_VIA = ("socket", "http")
 
 
 @dataclass
@@ -67,6 +71,32 @@ class Presses:
     conflicts: Tally[str] = field(default_factory=Tally)
     refused: list[str] = field(default_factory=list)
     busy: int = 0
+    closed: bool = False
+    """A press was told the job's writes are closed: the job is over."""
+
+    def tally(self, nickname: str, status: int, message: str) -> None:
+        """One press's answer, as its status and sentence say."""
+        if status == 200:
+            self.acknowledged[nickname] += 1
+        elif status == 409 and "Conflict" in message:
+            self.conflicts[nickname] += 1
+        elif status == 409 and "writes are closed" in message:  # the job is over
+            self.closed = True
+        elif status == 503:  # the job is settling its accounts: nothing written, press again
+            self.busy += 1
+        else:
+            self.refused.append(f"{nickname}: {status} {message[:120]!r}")
+
+    def tally_for(self, nickname: str) -> Callable[[dict[str, Any]], None]:
+        """What a student's socket does with a message that is not a frame: a press's answer is tallied."""
+
+        def answered(message: dict[str, Any]) -> None:
+            if message.get("type") == "pressed":
+                self.tally(nickname, int(message["status"]), str(message["message"]))
+            elif message.get("type") == "error":
+                self.refused.append(f"{nickname}: {message.get('error')!r}")
+
+        return answered
 
 
 def students_bench(
@@ -79,9 +109,12 @@ def students_bench(
     rounds: int = 3,
     web_processes: int = 1,
     strategy: str = "none",
+    press_via: str = "socket",
 ) -> dict[str, Any]:
     if not 0 <= pressing <= students:
         raise ValueError("pressing must be between 0 and students")
+    if press_via not in PRESS_VIA:
+        raise ValueError(f"press_via must be one of {', '.join(PRESS_VIA)}")
     env = {**os.environ, "DATABASE_URL": database_url or current_database_url()}
     asyncio.run(check_layer())
     params = {"strategy": strategy, "writers": writers, "seconds": seconds, "max_attempts": 1000}
@@ -96,7 +129,7 @@ def students_bench(
         # Rounds alternate, so a noisy machine slows both sides alike.
         for _ in range(rounds):
             alone.append(commits_per_s(run_alone(env, params)))
-            job, viewers, presses = asyncio.run(_class_run(env, params, port, students, pressing))
+            job, viewers, presses = asyncio.run(_class_run(env, params, port, students, pressing, press_via))
             watched.append(commits_per_s(job))
             latencies.extend(latencies_ms(job, viewers))
             viewers_complete += sum(viewer.complete(job.last_seq, html=True) for viewer in viewers)
@@ -109,6 +142,7 @@ def students_bench(
         "students": students,
         "pressing": pressing,
         "strategy": strategy,
+        "press_via": press_via,
         "seconds": seconds,
         "writers": writers,
         "rounds": rounds,
@@ -132,7 +166,7 @@ def students_bench(
 
 
 async def _class_run(
-    env: dict[str, str], params: dict[str, Any], port: int, students: int, pressing: int
+    env: dict[str, str], params: dict[str, Any], port: int, students: int, pressing: int, press_via: str
 ) -> tuple[Job, list[Viewer], Presses]:
     """The job with the class on it: every student's page open before it starts, the pressers pressing while it runs."""
     from asgiref.sync import sync_to_async
@@ -140,21 +174,32 @@ async def _class_run(
     job = await sync_to_async(launch)("counter", params)
     token, cookie_name, seats = await sync_to_async(_seat_class)(job, students)
     path = f"/ws/s/{token}/events/{PAGE_QUERY}"
-    clients = [await WsClient.connect(port, path) for _ in range(students)]
+    # A student page's socket carries its seat cookie, as the browser sends it.
+    clients = [await WsClient.connect(port, path, f"{cookie_name}={seat}") for _, seat in seats]
     for client in clients:
         await client.receive_text()  # the hello: every page is open before the job starts
     viewers = [Viewer() for _ in clients]
+    presses = Presses()
+    over_socket = press_via == "socket"
     following = [
-        asyncio.create_task(follow_page(client, viewer)) for client, viewer in zip(clients, viewers, strict=True)
+        asyncio.create_task(
+            follow_page(client, viewer, presses.tally_for(nickname) if over_socket and n < pressing else None)
+        )
+        for n, (client, viewer, (nickname, _)) in enumerate(zip(clients, viewers, seats, strict=True))
     ]
     worker = start_worker(env)
     while (await Job.objects.aget(pk=job.pk)).status == "queued":
         await asyncio.sleep(0.02)
-    presses = Presses()
-    pressers = [
-        asyncio.create_task(_press_every_second(port, token, f"{cookie_name}={seat}", nickname, presses))
-        for nickname, seat in seats[:pressing]
-    ]
+    if over_socket:
+        pressers = [
+            asyncio.create_task(_press_over_socket(client, follower, presses))
+            for client, follower in zip(clients[:pressing], following, strict=False)
+        ]
+    else:
+        pressers = [
+            asyncio.create_task(_press_every_second(port, token, f"{cookie_name}={seat}", nickname, presses))
+            for nickname, seat in seats[:pressing]
+        ]
     await asyncio.wait_for(asyncio.gather(*following, *pressers), params["seconds"] + 120)
     await asyncio.to_thread(worker.wait, 60)
     return await Job.objects.aget(pk=job.pk), viewers, presses
@@ -171,6 +216,17 @@ def _seat_class(job: Job, students: int) -> tuple[str, str, list[tuple[str, str]
     return token_for(link), roster.seat_cookie_name(link), seats
 
 
+async def _press_over_socket(client: WsClient, follower: asyncio.Task[None], presses: Presses) -> None:
+    """+1 once a second over the student's socket, at a phase of its own, until its writes are closed or it ends."""
+    await asyncio.sleep(random.uniform(0, PRESS_EVERY_S))
+    sent = 0
+    while not (follower.done() or presses.closed):
+        started = time.monotonic()
+        sent += 1
+        client.send_text(json.dumps({"type": "press", "id": sent}))
+        await asyncio.sleep(max(0.0, PRESS_EVERY_S - (time.monotonic() - started)))
+
+
 async def _press_every_second(port: int, token: str, seat: str, nickname: str, presses: Presses) -> None:
     """+1 once a second, at a phase of its own, until the job says its writes are closed."""
     await asyncio.sleep(random.uniform(0, PRESS_EVERY_S))
@@ -179,16 +235,9 @@ async def _press_every_second(port: int, token: str, seat: str, nickname: str, p
     while True:
         started = time.monotonic()
         status, body = await _post(port, f"/s/{token}/press/", cookie, csrf)
-        if status == 200:
-            presses.acknowledged[nickname] += 1
-        elif status == 409 and b"Conflict" in body:
-            presses.conflicts[nickname] += 1
-        elif status == 409 and b"writes are closed" in body:  # the job is over
+        presses.tally(nickname, status, body.decode(errors="replace"))
+        if presses.closed:
             return
-        elif status == 503:  # the job is settling its accounts: nothing written, press again
-            presses.busy += 1
-        else:
-            presses.refused.append(f"{nickname}: {status} {body[:120]!r}")
         await asyncio.sleep(max(0.0, PRESS_EVERY_S - (time.monotonic() - started)))
 
 

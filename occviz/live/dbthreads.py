@@ -6,13 +6,15 @@ session load of every handshake, every job row read, every feed's read of a new 
 viewer that joins a long job at seq 0 reads hundreds of pages of history; in that thread,
 every other socket's handshake waited behind them, past Daphne's 5 s handshake timeout.
 
-So two kinds of work get threads of their own, each thread with its own database connection:
+So three kinds of work get threads of their own, each thread with its own database connection:
 
 - history reads (`read_history`): a viewer catching up on a job from the store. At most
   HISTORY_THREADS at once per process, the rest queued in order (one page a request, so
   viewers reading long histories take turns page by page).
 - handshakes (`read_for_handshake`): the session and user of a new socket, and its job's row.
   They wait behind other handshakes only, never behind a history or a feed.
+- presses (`run_for_socket`): a student's +1 sent over their socket, its read and then its
+  short write transaction, behind other presses only.
 
 A thread closes its connection (returns it to the pool, when one is configured) once it has
 had no work for IDLE_S, so an idle process holds none, and a burst of new sockets does not
@@ -41,6 +43,8 @@ logger = logging.getLogger(__name__)
 HISTORY_THREADS = 3
 # Handshakes' reads at once: each is a few small queries.
 HANDSHAKE_THREADS = 2
+# Students' presses sent over their sockets at once: each a read, then a short write transaction.
+PRESS_THREADS = 2
 # A page of history or a handshake's read takes milliseconds; a statement running longer is cancelled by PostgreSQL.
 STATEMENT_TIMEOUT_MS = 10_000
 # A thread that had no work for this long closes its connection (a burst of sockets reuses it).
@@ -208,6 +212,7 @@ def _close() -> None:
 
 _history = DatabaseThreads(HISTORY_THREADS, "history")
 _handshakes = DatabaseThreads(HANDSHAKE_THREADS, "handshake")
+_presses = DatabaseThreads(PRESS_THREADS, "press")
 
 
 async def read_history[T](fn: Callable[..., T], *args: Any) -> T:
@@ -218,3 +223,8 @@ async def read_history[T](fn: Callable[..., T], *args: Any) -> T:
 async def read_for_handshake[T](fn: Callable[..., T], *args: Any) -> T:
     """Run a new socket's read (its session and user, its job's row) in the handshake threads."""
     return await _handshakes.read(fn, *args)
+
+
+async def run_for_socket[T](fn: Callable[..., T], *args: Any) -> T:
+    """Run a socket's write (a student's press: its read, then its write) in the press threads."""
+    return await _presses.read(fn, *args)

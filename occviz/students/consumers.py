@@ -4,15 +4,24 @@ It is JobEventsConsumer in every respect but who may open it: the token names th
 the path, never a session user), and an altered, revoked or expired token is closed with 4403.
 The token is checked again while the socket is open, every RECHECK_S, so a link revoked or
 expired during the lesson closes its students' sockets too.
+
+A seated student presses +1 over the same socket: `{"type": "press", "id": N}` (the id is the
+page's, optional) is answered `{"type": "pressed", "id": N, "status": ..., "ok": ..., "message":
+..., "version": ...}`, exactly what `POST /s/<token>/press/` answers, the student named by the
+seat cookie the socket was opened with. It costs the web server no request: the socket is open
+already. At most MAX_PRESSES_PER_S presses are in flight on one socket; more are refused at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from typing import Any
 
 from occviz.live.consumers import JobEventsConsumer
-from occviz.live.dbthreads import read_for_handshake
+from occviz.live.dbthreads import read_for_handshake, run_for_socket
+from occviz.students import roster
+from occviz.students.presses import MAX_PRESSES_PER_S, Pressed, Read, read_for_seat
 from occviz.students.tokens import LinkRefused, open_link
 
 CLOSE_LINK_REFUSED = 4403
@@ -25,9 +34,18 @@ def _job_of_token(token: str) -> int | LinkRefused:
         return refused
 
 
+def _id_of(value: Any) -> int | None:
+    """A press's id from JSON: a whole number (not a string, not a boolean) the page counts with."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**53:
+        return value
+    return None
+
+
 class StudentEventsConsumer(JobEventsConsumer):
     RECHECK_S = 10.0
     _recheck: asyncio.Task[None] | None = None
+    _job_id: int | None = None
+    _pressing: set[asyncio.Task[None]] | None = None
 
     @property
     def token(self) -> str:
@@ -39,7 +57,39 @@ class StudentEventsConsumer(JobEventsConsumer):
             await self.refuse(CLOSE_LINK_REFUSED, found.reason)
             return None
         self._recheck = asyncio.create_task(self._recheck_link())
+        self._job_id = found
         return found
+
+    async def receive_json(self, content: Any, **kwargs: Any) -> None:
+        if not (isinstance(content, dict) and content.get("type") == "press"):
+            await super().receive_json(content, **kwargs)
+            return
+        press_id = _id_of(content.get("id", 0))
+        if press_id is None or set(content) - {"type", "id"}:
+            await self.error('press takes "id": a whole number >= 0 (optional), and nothing else')
+            return
+        pressing = self._pressing = self._pressing or set()
+        if len(pressing) >= MAX_PRESSES_PER_S:
+            refused = Pressed(429, f"Too fast: at most {MAX_PRESSES_PER_S} presses a second. Nothing was written.")
+            await self._answer(press_id, refused)
+            return
+        task = asyncio.create_task(self._press(press_id))
+        pressing.add(task)
+        task.add_done_callback(pressing.discard)
+
+    async def _press(self, press_id: int) -> None:
+        """Read, think (awaited here, holding no thread), write: as the press endpoint does."""
+        seat = None
+        if self._job_id is not None:
+            seat = self.scope.get("cookies", {}).get(roster.seat_cookie_name_of(self._job_id))
+        read = await run_for_socket(read_for_seat, self.token, seat)
+        if isinstance(read, Read):
+            await asyncio.sleep(read.think_s)
+            read = await run_for_socket(read.write)
+        await self._answer(press_id, read)
+
+    async def _answer(self, press_id: int, pressed: Pressed) -> None:
+        await self.send_json({"type": "pressed", "id": press_id, **pressed.as_json()})
 
     async def _recheck_link(self) -> None:
         """Close with 4403 once the link is revoked or expires (or its job is deleted)."""
@@ -52,6 +102,8 @@ class StudentEventsConsumer(JobEventsConsumer):
                 return
 
     async def disconnect(self, code: int) -> None:
+        for task in list(self._pressing or ()):
+            task.cancel()  # a press not yet written writes nothing: nobody is left to tell
         if self._recheck is not None:
             task, self._recheck = self._recheck, None
             if task is not asyncio.current_task():

@@ -30,7 +30,9 @@ from occviz.jobs.models import Job
 from occviz.store import writes
 from occviz.store.cas import ANY
 from occviz.store.models import Change, Counter, Deployment, VersionConflict, VersionedObject
+from occviz.students import roster
 from occviz.students.models import Student
+from occviz.students.tokens import LinkRefused, open_link
 
 MAX_PRESSES_PER_S: Final = 5
 MAX_THINK_S: Final = 0.5
@@ -87,6 +89,19 @@ def read_for_press(student: Student) -> Read | Pressed:
     if not take_a_turn(student):
         return Pressed(429, f"Too fast: at most {MAX_PRESSES_PER_S} presses a second. Nothing was written.")
     return plus_one(job, student)
+
+
+def read_for_seat(token: str, seat: str | None) -> Read | Pressed:
+    """The read of one +1 by the student whose seat cookie is `seat`, on the link `token` names (the
+    student's socket presses this way), or why there is none (nothing written then)."""
+    try:
+        link = open_link(token)
+    except LinkRefused as refused:
+        return Pressed(refused.status, refused.reason)
+    student = roster.seated(link, seat)
+    if student is None:
+        return Pressed(403, "Pick a nickname first: only students who joined this job may write.")
+    return read_for_press(student)
 
 
 def take_a_turn(student: Student) -> bool:

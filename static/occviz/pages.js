@@ -188,10 +188,13 @@
       socket.onopen = () => {
         opened = true;
         failures = 0;
+        announce("socket", { socket }); // a student page presses over it (student.js)
       };
       socket.onmessage = (message) => {
         const data = JSON.parse(message.data);
-        if (data.type === "hello") {
+        if (data.type === "pressed") {
+          announce("pressed", data);
+        } else if (data.type === "hello") {
           fields = data.event_fields;
         } else if (data.type === "frame") {
           // Mapped to objects once, on receipt: everything after works on named fields.

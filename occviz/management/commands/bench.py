@@ -85,6 +85,12 @@ class Command(BaseCommand):
             "--students-seconds", type=float, default=10.0, help="students: how long the watched job runs"
         )
         parser.add_argument(
+            "--students-press-via",
+            choices=["socket", "http"],
+            default="socket",
+            help="students: press over each student's open socket (as the page does), or a POST each",
+        )
+        parser.add_argument(
             "--part", nargs="+", choices=["all", *PARTS], default=["all"], help="the parts to run (default: all)"
         )
         parser.add_argument(
@@ -164,6 +170,7 @@ class Command(BaseCommand):
                 seconds=options["students_seconds"],
                 writers=writers,
                 rounds=rounds,
+                press_via=options["students_press_via"],
             )
         if options["json"]:
             self.stdout.write(json.dumps(figures))
@@ -239,7 +246,8 @@ class Command(BaseCommand):
         self.stdout.write(
             f"\nA class on a student link: {figures['students']} student pages' sockets on one live job "
             f"({figures['strategy']}, {figures['seconds']:g} s, {figures['writers']} writers), "
-            f"{figures['pressing']} of them pressing +1 once a second; {figures['rounds']} alternating rounds\n"
+            f"{figures['pressing']} of them pressing +1 once a second (over {figures['press_via']}); "
+            f"{figures['rounds']} alternating rounds\n"
             f"  alone:   {_list(figures['commits_per_s_alone_runs'])} commits/s\n"
             f"  watched: {_list(figures['commits_per_s_watched_runs'])} commits/s\n"
             f"  ratio watched / alone: {figures['ratio']:.2f} (target >= {figures['ratio_target']:.2f}); "
