@@ -460,6 +460,88 @@ async def test_a_link_revoked_while_its_sockets_are_open_closes_them_with_4403(
     assert closing["type"] == "websocket.close" and closing["code"] == 4403
 
 
+async def _seated_socket(token: str, seat: str | None) -> WebsocketCommunicator:
+    """A student page's socket, opened with the student's seat cookie (None: a page without one), its hello read."""
+    headers = [ORIGIN, HOST]
+    if seat is not None:
+        headers.append((b"cookie", seat.encode()))
+    communicator = WebsocketCommunicator(application, f"/ws/s/{token}/events/?html=1", headers=headers)
+    connected, _ = await communicator.connect(timeout=10)
+    assert connected
+    assert (await communicator.receive_json_from(timeout=10))["type"] == "hello"
+    return communicator
+
+
+async def _answers(communicator: WebsocketCommunicator, count: int) -> list[dict[str, Any]]:
+    """The next `count` messages that are not frames: presses' answers and errors."""
+    found: list[dict[str, Any]] = []
+    while len(found) < count:
+        message = await communicator.receive_json_from(timeout=10)
+        if message["type"] in ("pressed", "error"):
+            found.append(message)
+    return found
+
+
+def _seat_of(job: Job, student: Client) -> str:
+    name = f"occviz-student-{job.pk}"
+    return f"{name}={student.cookies[name].value}"
+
+
+@pytest.mark.asyncio
+async def test_a_seated_student_presses_over_the_socket_and_hears_what_the_post_says(alice: User) -> None:
+    from asgiref.sync import sync_to_async
+
+    job, row = await sync_to_async(_running_counter)(alice)
+    _, token = await sync_to_async(_link)(job)
+    seat = _seat_of(job, await sync_to_async(_student_client)(token, "Ada"))
+    communicator = await _seated_socket(token, seat)
+    await communicator.send_json_to({"type": "press", "id": 7})
+    [answer] = await _answers(communicator, 1)
+    assert (answer["type"], answer["id"], answer["status"], answer["ok"]) == ("pressed", 7, 200, True), answer
+    assert answer["message"].startswith("+1 written over v1: v2") and answer["version"] == 2
+    await sync_to_async(row.refresh_from_db)()
+    assert (row.value, row.resource_version) == (1, 2)
+    assert await Change.objects.filter(via="student", writer="Ada", resource_version=2).aexists()
+    await communicator.disconnect()
+
+    anonymous = await _seated_socket(token, None)  # the page of someone who picked no nickname
+    await anonymous.send_json_to({"type": "press"})
+    [refused] = await _answers(anonymous, 1)
+    assert (refused["status"], refused["ok"], refused["id"]) == (403, False, 0) and "nickname" in refused["message"]
+    await anonymous.disconnect()
+    await sync_to_async(row.refresh_from_db)()
+    assert row.resource_version == 2
+
+
+@pytest.mark.asyncio
+async def test_presses_over_a_socket_above_the_rate_are_refused_and_bad_ones_get_why(alice: User) -> None:
+    from asgiref.sync import sync_to_async
+
+    # Blind: presses in flight together all land (with occ they would race each other to 409s).
+    job, row = await sync_to_async(_running_counter)(alice, "none")
+    _, token = await sync_to_async(_link)(job)
+    communicator = await _seated_socket(token, _seat_of(job, await sync_to_async(_student_client)(token, "Ada")))
+    for bad in (
+        {"type": "press", "id": "1"},
+        {"type": "press", "id": True},
+        {"type": "press", "id": -1},
+        {"type": "press", "as": "Grace"},
+    ):
+        await communicator.send_json_to(bad)
+        [error] = await _answers(communicator, 1)
+        assert error["type"] == "error" and "press takes" in error["error"], (bad, error)
+    for number in range(1, MAX_PRESSES_PER_S + 4):
+        await communicator.send_json_to({"type": "press", "id": number})
+    answers = await _answers(communicator, MAX_PRESSES_PER_S + 3)
+    statuses = sorted(answer["status"] for answer in answers)
+    assert statuses == [200] * MAX_PRESSES_PER_S + [429] * 3, answers
+    assert all("Too fast" in a["message"] for a in answers if a["status"] == 429)
+    await communicator.disconnect()
+    await sync_to_async(row.refresh_from_db)()
+    assert row.resource_version == 1 + MAX_PRESSES_PER_S
+    assert await Change.objects.filter(via="student", writer="Ada").acount() == MAX_PRESSES_PER_S
+
+
 @pytest.mark.asyncio
 async def test_a_student_without_a_session_cannot_open_the_job_pages_socket(alice: User) -> None:
     from asgiref.sync import sync_to_async

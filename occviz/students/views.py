@@ -68,11 +68,12 @@ def _join(request: HttpRequest, link: StudentLink, token: str) -> HttpResponse:
         context = _join_context(link, token, error=str(why))
         return render(request, "students/join.html", context, status=400)
     response = redirect("students:page", token=token)
+    # Path "/": sent with the student's pages (/s/) and with their socket (/ws/s/), which presses too.
     response.set_cookie(
         roster.seat_cookie_name(link),
         roster.seat_value(student),
         expires=link.expires,
-        path="/s/",
+        path="/",
         httponly=True,
         samesite="Lax",
         secure=request.is_secure(),

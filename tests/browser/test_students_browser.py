@@ -87,7 +87,9 @@ def test_a_student_follows_a_none_race_from_a_link_presses_and_is_named_for_what
     assert fits_the_width(student)
     shot(student, "student-live")
 
-    # Everyone press +1 now: a press every quarter second, within the rate.
+    # Everyone press +1 now: a press every quarter second, within the rate, over the page's open socket.
+    posts: list[str] = []
+    student.on("request", lambda request: posts.append(request.url) if request.method == "POST" else None)
     said: list[str] = []
     for _ in range(16):
         if Job.objects.get(pk=job.pk).is_finished:
@@ -96,6 +98,7 @@ def test_a_student_follows_a_none_race_from_a_link_presses_and_is_named_for_what
         student.wait_for_timeout(250)
         said.append(student.locator("[data-press-result]").inner_text())
     assert any("+1 written blindly" in sentence for sentence in said), said
+    assert posts == [], "a press went as a POST while the page's socket was open"
     for width, height in SIZES:
         student.set_viewport_size({"width": width, "height": height})
         assert fits_the_width(student)
