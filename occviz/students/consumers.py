@@ -20,8 +20,7 @@ from typing import Any
 
 from occviz.live.consumers import JobEventsConsumer
 from occviz.live.dbthreads import read_for_handshake, run_for_socket
-from occviz.students import roster
-from occviz.students.presses import MAX_PRESSES_PER_S, Pressed, Read, read_for_seat
+from occviz.students.presses import MAX_PRESSES_PER_S, TOO_FAST, Pressed, Read, read_for_seat
 from occviz.students.tokens import LinkRefused, open_link
 
 CLOSE_LINK_REFUSED = 4403
@@ -44,7 +43,6 @@ def _id_of(value: Any) -> int | None:
 class StudentEventsConsumer(JobEventsConsumer):
     RECHECK_S = 10.0
     _recheck: asyncio.Task[None] | None = None
-    _job_id: int | None = None
     _pressing: set[asyncio.Task[None]] | None = None
 
     @property
@@ -57,7 +55,6 @@ class StudentEventsConsumer(JobEventsConsumer):
             await self.refuse(CLOSE_LINK_REFUSED, found.reason)
             return None
         self._recheck = asyncio.create_task(self._recheck_link())
-        self._job_id = found
         return found
 
     async def receive_json(self, content: Any, **kwargs: Any) -> None:
@@ -70,8 +67,7 @@ class StudentEventsConsumer(JobEventsConsumer):
             return
         pressing = self._pressing = self._pressing or set()
         if len(pressing) >= MAX_PRESSES_PER_S:
-            refused = Pressed(429, f"Too fast: at most {MAX_PRESSES_PER_S} presses a second. Nothing was written.")
-            await self._answer(press_id, refused)
+            await self._answer(press_id, TOO_FAST)
             return
         task = asyncio.create_task(self._press(press_id))
         pressing.add(task)
@@ -79,10 +75,7 @@ class StudentEventsConsumer(JobEventsConsumer):
 
     async def _press(self, press_id: int) -> None:
         """Read, think (awaited here, holding no thread), write: as the press endpoint does."""
-        seat = None
-        if self._job_id is not None:
-            seat = self.scope.get("cookies", {}).get(roster.seat_cookie_name_of(self._job_id))
-        read = await run_for_socket(read_for_seat, self.token, seat)
+        read = await run_for_socket(read_for_seat, self.token, self.scope.get("cookies", {}))
         if isinstance(read, Read):
             await asyncio.sleep(read.think_s)
             read = await run_for_socket(read.write)

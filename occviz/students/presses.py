@@ -19,7 +19,7 @@ for nothing.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -59,6 +59,10 @@ class Pressed:
         return {"ok": self.ok, "status": self.status, "message": self.message, "version": self.version}
 
 
+TOO_FAST: Final = Pressed(429, f"Too fast: at most {MAX_PRESSES_PER_S} presses a second. Nothing was written.")
+NOT_SEATED: Final = Pressed(403, "Pick a nickname first: only students who joined this job may write.")
+
+
 @dataclass(frozen=True)
 class Read:
     """A press's read, awaiting its write: the object as read, the changes to write over it, the think before."""
@@ -87,20 +91,20 @@ def read_for_press(student: Student) -> Read | Pressed:
     if plus_one is None:
         return Pressed(409, "This job's scenario takes no writes from students: watch only.")
     if not take_a_turn(student):
-        return Pressed(429, f"Too fast: at most {MAX_PRESSES_PER_S} presses a second. Nothing was written.")
+        return TOO_FAST
     return plus_one(job, student)
 
 
-def read_for_seat(token: str, seat: str | None) -> Read | Pressed:
-    """The read of one +1 by the student whose seat cookie is `seat`, on the link `token` names (the
+def read_for_seat(token: str, cookies: Mapping[str, str]) -> Read | Pressed:
+    """The read of one +1 by the student whose seat is among `cookies`, on the link `token` names (the
     student's socket presses this way), or why there is none (nothing written then)."""
     try:
         link = open_link(token)
     except LinkRefused as refused:
         return Pressed(refused.status, refused.reason)
-    student = roster.seated(link, seat)
+    student = roster.seated(link, cookies.get(roster.seat_cookie_name(link)))
     if student is None:
-        return Pressed(403, "Pick a nickname first: only students who joined this job may write.")
+        return NOT_SEATED
     return read_for_press(student)
 
 

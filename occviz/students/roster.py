@@ -61,11 +61,7 @@ def join(link: StudentLink, raw_nickname: str) -> Student:
 
 
 def seat_cookie_name(link: StudentLink) -> str:
-    return seat_cookie_name_of(link.job_id)
-
-
-def seat_cookie_name_of(job_id: int) -> str:
-    return f"occviz-student-{job_id}"
+    return f"occviz-student-{link.job_id}"
 
 
 def seat_value(student: Student) -> str:

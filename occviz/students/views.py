@@ -25,7 +25,7 @@ from occviz.live.jobstate import job_state
 from occviz.scenarios import SCENARIOS
 from occviz.students import roster
 from occviz.students.models import MAX_MINUTES, MAX_NICKNAME, Student, StudentLink
-from occviz.students.presses import MAX_PRESSES_PER_S, Pressed, Read, read_for_press, takes_presses
+from occviz.students.presses import MAX_PRESSES_PER_S, NOT_SEATED, Pressed, Read, read_for_press, takes_presses
 from occviz.students.tokens import LinkRefused, open_link
 from occviz.web.views import events_response
 
@@ -152,7 +152,7 @@ def _read_for_press(request: HttpRequest, token: str) -> HttpResponse | tuple[St
         return _refused(request, refused)
     student = roster.seated(link, request.COOKIES.get(roster.seat_cookie_name(link)))
     if student is None:
-        pressed = Pressed(403, "Pick a nickname first: only students who joined this job may write.")
+        pressed = NOT_SEATED
         if _wants_json(request):
             return JsonResponse(pressed.as_json(), status=pressed.status)
         return render(request, "students/join.html", _join_context(link, token, error=pressed.message), status=403)
