@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
+import threading
+import time
+from collections.abc import Callable
+
 import pytest
 from django.contrib.auth.models import User
+from django.db import DataError, connection, transaction
 
 from occviz.jobs.models import Job, JobControl
 from occviz.store import writes
-from occviz.store.cas import ANY, compare_and_swap
+from occviz.store.cas import ANY, Add, compare_and_swap
 from occviz.store.models import Change, Counter, Lease, VersionConflict
 from occviz.store.writes import AlreadyExists, Writer
 
@@ -101,3 +107,82 @@ def test_uid_is_stable_and_differs_between_objects() -> None:
     a = Lease.objects.create(name="a")
     b = Lease.objects.create(name="b")
     assert a.uid == Lease.objects.get(pk=a.pk).uid != b.uid
+
+
+def _racing(count: int, write: Callable[[int], None]) -> None:
+    """Run `write(n)` in `count` threads released together, each on a connection of its own."""
+    barrier = threading.Barrier(count)
+
+    def run(n: int) -> None:
+        try:
+            barrier.wait()
+            write(n)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=run, args=(n,)) for n in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+
+@pytest.mark.parametrize("pipelined", [False, True], ids=["statement by statement", "pipelined"])
+def test_racing_writers_each_log_what_they_found_locked_in_the_order_they_held_it(
+    api_alice: Writer, pipelined: bool
+) -> None:
+    """Writers queue for the row while another transaction holds it and writes it: each one's Change and hand-off
+    say what was stored when it got the row (not what its statement's snapshot saw), and the Changes' ids follow
+    the versions they wrote."""
+    job = Job.objects.create(scenario="counter", status=Job.Status.RUNNING)
+    counter = Counter.objects.create(name="c", job=job)
+    holding = threading.Event()
+
+    def hold_then_write() -> None:
+        with transaction.atomic():
+            list(Counter.objects.select_for_update().filter(pk=counter.pk))
+            holding.set()
+            time.sleep(0.3)  # the writers' statements start meanwhile, and wait for the row
+            compare_and_swap(Counter, counter.pk, ANY, {"value": 100})
+
+    def write(n: int) -> None:
+        if n == 0:
+            hold_then_write()
+            return
+        holding.wait()
+        blind = n % 2 == 0
+        changes = {"value": Add(1)} if blind else {"value": 1000 + n}
+        pipeline = writes.pipelined() if pipelined else contextlib.nullcontext()
+        with pipeline, transaction.atomic(), contextlib.suppress(VersionConflict):
+            writes.update(counter, changes, Writer("student", f"s{n}"), expected_version=ANY if blind else 1)
+
+    _racing(9, write)
+    counter.refresh_from_db()
+    changes = list(Change.objects.filter(object_id=counter.pk).order_by("id"))
+    written = [change for change in changes if change.type == "MODIFIED"]
+    assert (counter.value, counter.resource_version) == (100 + len(written), 2 + len(written))
+    assert len(written) == 4 and len(changes) == 8  # the four blind writers wrote; the four on version 1 were refused
+    assert [change.resource_version for change in written] == [3, 4, 5, 6]
+    assert [change.object["value"] for change in written] == [101, 102, 103, 104]
+    assert all(change.stored["value"] >= 100 for change in changes if change.type == "CONFLICT")
+    handed = {control.payload["change"]: control.payload for control in JobControl.objects.filter(job=job)}
+    assert sorted(handed) == [change.pk for change in changes]
+    for change in written:
+        assert handed[change.pk]["before"]["value"] == change.object["value"] - 1
+    assert Job.objects.get(pk=job.pk).controls_requested == 8
+
+
+def test_a_pipelined_write_that_fails_at_the_commit_leaves_nothing(api_alice: Writer) -> None:
+    """In a pipeline, a statement that waits for no answer fails where the answer is read, at the commit: and
+    then the write, its Change and its hand-off are all rolled back."""
+    job = Job.objects.create(scenario="counter", status=Job.Status.RUNNING)
+    counter = Counter.objects.create(name="c", job=job, value=5)
+    with pytest.raises(DataError), writes.pipelined(), transaction.atomic():
+        writes.update(counter, {"value": 6}, api_alice, expected_version=1)
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1 / 0")  # no answer read: raised at the commit
+    counter.refresh_from_db()
+    assert (counter.value, counter.resource_version) == (5, 1)
+    assert not Change.objects.exists() and not JobControl.objects.exists()
+    with writes.pipelined(), transaction.atomic():  # the connection is usable again
+        assert writes.update(counter, {"value": 7}, api_alice, expected_version=1).value == 7

@@ -107,8 +107,7 @@ class Job(models.Model):
         """Ask the running job to apply a control; JobNotRunning (and nothing stored) if it is not running.
 
         One statement bumps the job's count and stores the control, only while the job runs (a job
-        that ended meanwhile gets no control): an outside write asks for one with the object's row
-        locked, and every round trip there is one the object's other writers wait for.
+        that ended meanwhile gets no control).
         """
         control = JobControl(
             job_id=self.pk,
@@ -119,16 +118,8 @@ class Job(models.Model):
             payload=payload,
         )
         db = connections[router.db_for_write(JobControl)]
-        fields = [field for field in JobControl._meta.concrete_fields if not field.primary_key]
-        values = [field.get_db_prep_save(field.pre_save(control, add=True), db) for field in fields]
         with db.cursor() as cursor:
-            cursor.execute(
-                "WITH moved AS (UPDATE jobs_job SET controls_requested = controls_requested + 1"
-                "               WHERE id = %s AND status = %s RETURNING id)"
-                f" INSERT INTO jobs_jobcontrol ({', '.join(f'"{field.column}"' for field in fields)})"
-                f" SELECT {', '.join(f'%s::{field.db_type(db)}' for field in fields)} FROM moved RETURNING id",
-                [self.pk, self.Status.RUNNING, *values],
-            )
+            self._store_control(cursor, control)
             row = cursor.fetchone()
         if row is None:
             self.refresh_from_db(fields=["status"])
@@ -137,6 +128,30 @@ class Job(models.Model):
         control._state.adding = False
         control._state.db = db.alias
         return control
+
+    def hand_over(self, action: str, *, user: Any = None, payload: dict[str, Any] | None = None) -> None:
+        """Ask for a control as `request_control` does, without reading the answer (none is stored if the job ended).
+
+        For an outside write, which asks with the object's row locked: in a pipeline
+        (`occviz.store.writes.pipelined`) this waits for no round trip of its own.
+        """
+        control = JobControl(
+            job_id=self.pk, action=action, requested_by=user if getattr(user, "pk", None) else None, payload=payload
+        )
+        with connections[router.db_for_write(JobControl)].cursor() as cursor:
+            self._store_control(cursor, control)
+
+    def _store_control(self, cursor: Any, control: JobControl) -> None:
+        """The one statement that moves the job's count and stores `control`, while the job runs (its id returned)."""
+        fields = [field for field in JobControl._meta.concrete_fields if not field.primary_key]
+        values = [field.get_db_prep_save(field.pre_save(control, add=True), cursor.db) for field in fields]
+        cursor.execute(
+            "WITH moved AS (UPDATE jobs_job SET controls_requested = controls_requested + 1"
+            "               WHERE id = %s AND status = %s RETURNING id)"
+            f" INSERT INTO jobs_jobcontrol ({', '.join(f'"{field.column}"' for field in fields)})"
+            f" SELECT {', '.join(f'%s::{field.db_type(cursor.db)}' for field in fields)} FROM moved RETURNING id",
+            [self.pk, self.Status.RUNNING, *values],
+        )
 
 
 class JobNotRunning(Exception):

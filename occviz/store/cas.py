@@ -86,7 +86,7 @@ class Swap:
     is built and the fields looked up here, not on each call.
     """
 
-    __slots__ = ("_binds", "check_version", "fields", "sql")
+    __slots__ = ("_binds", "assignments", "check_version", "fields", "sql")
 
     def __init__(
         self,
@@ -100,36 +100,34 @@ class Swap:
         self._binds = tuple(_binding(field, how) for field, (_, how) in zip(self.fields, columns, strict=True))
         self.check_version = check_version
         sets = []
+        table = f'"{meta.db_table}"'
+        # The right-hand side names the table's column: a statement that joins another row source (swap_locked) may
+        # have a column of the same name.
         for field, bind in zip(self.fields, self._binds, strict=True):
             column = f'"{field.column}"'
             if bind is _ADD:
-                sets.append(f"{column} = {column} + %s")
+                sets.append(f"{column} = {table}.{column} + %s")
             elif bind is _CLOCK:
                 sets.append(f"{column} = {_CLOCK_SQL}")
             else:
                 sets.append(f"{column} = %s")
-        sets.append('"resource_version" = "resource_version" + 1')
+        sets.append(f'"resource_version" = {table}."resource_version" + 1')
+        self.assignments = ", ".join(sets)
+        """The SET clause: the changes, and the version moved on."""
         where = f'"{meta.pk.column}" = %s'
         if check_version:
             where += ' AND "resource_version" = %s'
         returned = ", ".join(
             _CLOCK_SQL if isinstance(name, Now) else f'"{_column(meta, name).column}"' for name in returning
         )
-        self.sql = f'UPDATE "{meta.db_table}" SET {", ".join(sets)} WHERE {where} RETURNING {returned}'
+        self.sql = f"UPDATE {table} SET {self.assignments} WHERE {where} RETURNING {returned}"
 
     def run(
         self, pk: Any, expected_version: Any, values: Iterable[Any], *, cursor: Any = None, using: str = "default"
     ) -> tuple[Any, ...] | None:
         """Write `values` (in this Swap's column order); the returned columns, or None on a conflict."""
         connection = cursor.db if cursor is not None else connections[using]
-        params: list[Any] = []
-        for value, field, bind in zip(values, self.fields, self._binds, strict=True):
-            if bind is _INTEGER and type(value) is int:
-                params.append(value)
-            elif bind is _ADD:
-                params.append(value.amount)
-            elif bind is not _CLOCK:
-                params.append(field.get_db_prep_save(value, connection))
+        params = self.assigned(values, connection)
         params.append(pk)
         if self.check_version:
             params.append(expected_version)
@@ -141,6 +139,18 @@ class Swap:
         with connection.cursor() as own_cursor:
             own_cursor.execute(self.sql, params)
             return own_cursor.fetchone()
+
+    def assigned(self, values: Iterable[Any], connection: Any) -> list[Any]:
+        """The parameters of `assignments` for `values` (in this Swap's column order), prepared for `connection`."""
+        params: list[Any] = []
+        for value, field, bind in zip(values, self.fields, self._binds, strict=True):
+            if bind is _INTEGER and type(value) is int:
+                params.append(value)
+            elif bind is _ADD:
+                params.append(value.amount)
+            elif bind is not _CLOCK:
+                params.append(field.get_db_prep_save(value, connection))
+        return params
 
 
 @functools.cache
@@ -155,6 +165,10 @@ def swap_for(
     `columns` are (name, how) pairs: False for a value, True for an Add, NOW for the database's clock.
     """
     return Swap(model, columns, check_version, returning)
+
+
+def _columns(changes: Mapping[str, Any]) -> tuple[tuple[str, bool | Now], ...]:
+    return tuple((name, value if isinstance(value, Now) else isinstance(value, Add)) for name, value in changes.items())
 
 
 def compare_and_swap(
@@ -175,8 +189,64 @@ def compare_and_swap(
     cursor, or a writer's PreparedSession); its `db` is the connection the values
     are prepared for.
     """
-    columns = tuple(
-        (name, value if isinstance(value, Now) else isinstance(value, Add)) for name, value in changes.items()
-    )
-    swap = swap_for(model, columns, expected_version is not ANY, tuple(returning))
+    swap = swap_for(model, _columns(changes), expected_version is not ANY, tuple(returning))
     return swap.run(pk, expected_version, changes.values(), cursor=cursor, using=using)
+
+
+@dataclass(frozen=True, slots=True)
+class LockedSwap:
+    """What `swap_locked` found and did: every column before and after the write, and the number it drew."""
+
+    before: tuple[Any, ...]
+    """The row as it was locked: the newest version, whatever the writer had read."""
+    number: int
+    after: tuple[Any, ...] | None
+    """The row as written; None if its version was not the one expected (a conflict: nothing written)."""
+
+
+def swap_locked(
+    model: type[models.Model],
+    pk: Any,
+    expected_version: int | object,
+    changes: Mapping[str, Any],
+    *,
+    draw: tuple[str, str],
+    using: str = "default",
+) -> LockedSwap | None:
+    """Lock row `pk`, draw a number, and apply `changes` if the row's version is `expected_version`: one statement.
+
+    The row is held for that one round trip (and whatever the caller's transaction does next),
+    instead of one for the lock, one for the write and one to read what was there before.
+    The number comes from the sequence of the column `draw` (table, column), drawn once the
+    row is locked: the numbers drawn for one row follow the order its writers held it in, as the
+    ids of a log of its writes must. The columns come back as the database gives them (for
+    `model._meta.concrete_fields`, in order). None if there is no row `pk` (nothing drawn then).
+    """
+    meta = model._meta
+    swap = swap_for(model, _columns(changes), False)
+    table, pk_column = f'"{meta.db_table}"', f'"{meta.pk.column}"'
+    columns = [f'"{field.column}"' for field in meta.concrete_fields]
+    check = ' AND "old"."resource_version" = %s' if expected_version is not ANY else ""
+    # The locking subquery is its own plan node, so the number is drawn after the lock, not while waiting
+    # for it; the UPDATE reads the locked row through "old", so it runs after the lock, on the newest version.
+    sql = (
+        f'WITH "old" AS (SELECT {", ".join(f'"locked".{column}' for column in columns)},'
+        f' nextval(pg_get_serial_sequence(%s, %s)) AS "drawn"'
+        f' FROM (SELECT * FROM {table} WHERE {pk_column} = %s FOR UPDATE) AS "locked"),'
+        f' "new" AS (UPDATE {table} SET {swap.assignments} FROM "old"'
+        f' WHERE {table}.{pk_column} = "old".{pk_column}{check}'
+        f" RETURNING {', '.join(f'{table}.{column}' for column in columns)})"
+        ' SELECT * FROM "old" LEFT JOIN "new" ON TRUE'
+    )
+    connection = connections[using]
+    params = [*draw, pk, *swap.assigned(changes.values(), connection)]
+    if expected_version is not ANY:
+        params.append(expected_version)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    count = len(columns)
+    after = row[count + 1 :]
+    return LockedSwap(row[:count], row[count], None if after[0] is None else after)

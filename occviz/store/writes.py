@@ -18,6 +18,8 @@ have: it is refused the same way, but not logged (the log's column could not hol
 
 `dry_run()` makes writes as they would be made (the version check, the row lock, the
 refusal) in a transaction it then rolls back, and tells no listener: the API's `dryRun=All`.
+`pipelined()` sends what waits for no answer with the next statement that does: a writer
+that wants its row held as briefly as can be (a student's press) writes in it.
 """
 
 from __future__ import annotations
@@ -31,8 +33,9 @@ from typing import Any, Final
 
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import IntegrityError, connections, transaction
+from django.db.models.sql import InsertQuery
 
-from occviz.store.cas import ANY, compare_and_swap
+from occviz.store.cas import ANY, swap_locked
 from occviz.store.models import Change, VersionConflict, VersionedObject
 
 # Not the object's own content: how the store keeps it.
@@ -40,6 +43,8 @@ _BOOKKEEPING = {"id", "resource_version", "job", "created_at"}
 MAX_VERSION: Final = 2**63 - 1
 """Versions are PostgreSQL bigints: no object has a version above this."""
 _dry_run: ContextVar[bool] = ContextVar("dry_run", default=False)
+_CHANGE_IDS: Final = (Change._meta.db_table, "id")
+"""Where a write draws its Change's id from: the column's sequence."""
 
 
 @dataclass(frozen=True)
@@ -124,6 +129,21 @@ def dry_run() -> Iterator[None]:
         _dry_run.reset(held)
 
 
+@contextmanager
+def pipelined(using: str = "default") -> Iterator[None]:
+    """Inside, statements whose answer nobody reads wait to be sent with the next one that is read, or the commit.
+
+    PostgreSQL's pipeline mode: put a transaction inside it, and an `update` holds its row for the
+    statement that locks and writes it and one more round trip (the Change, what the listeners
+    write, the commit), not one round trip each. An error is raised where an answer is read: at
+    the latest, at the commit.
+    """
+    connection = connections[using]
+    connection.ensure_connection()
+    with connection.connection.pipeline():
+        yield
+
+
 class AlreadyExists(Exception):
     def __init__(self, model: type[VersionedObject], name: str) -> None:
         self.model = model
@@ -160,29 +180,37 @@ def update[V: VersionedObject](
 
     Returns the object as stored after the write. A stale version writes nothing and raises
     VersionConflict (its `stored` is the object as it is now); a deleted object raises DoesNotExist.
+
+    The row is locked, written and read back in one statement, which also draws the Change's
+    id; the Change and what the listeners do wait for no answer from the database. So in a
+    caller's pipeline (`pipelined`) the row is held for two round trips: that statement, and
+    the rest with the commit.
     """
     model = type(obj)
+    db = obj._state.db or "default"
     # No savepoint inside a caller's transaction: the row stays locked from the first statement to the
     # commit, and each statement is a round trip that other writers of the row wait for.
-    with transaction.atomic(savepoint=False):
-        stored = _locked(model, obj.pk)
-        if stored is None:
+    with transaction.atomic(using=db, savepoint=False):
+        swapped = swap_locked(model, obj.pk, expected_version, changes, draw=_CHANGE_IDS, using=db)
+        if swapped is None:
             conflict = None
-        elif expected_version is ANY or stored.resource_version == expected_version:
-            written = _swapped(model, stored, changes)
-            change = _log(
-                written,
-                Change.Type.MODIFIED,
-                writer,
-                version=written.resource_version,
-                expected=expected_version,
-                content=fields_of(written),
-            )
-            _announce(written, change, before=fields_of(stored))
-            return written
         else:
+            stored = _from_row(model, db, swapped.before)
+            if swapped.after is not None:
+                written = _from_row(model, db, swapped.after)
+                change = _log(
+                    written,
+                    Change.Type.MODIFIED,
+                    writer,
+                    version=written.resource_version,
+                    expected=expected_version,
+                    content=fields_of(written),
+                    pk=swapped.number,
+                )
+                _announce(written, change, before=fields_of(stored))
+                return written
             attempted = fields_of(stored) | json.loads(json.dumps(dict(changes), cls=DjangoJSONEncoder))
-            conflict = _refuse(stored, writer, expected_version, attempted)
+            conflict = _refuse(stored, writer, expected_version, attempted, pk=swapped.number)
     if conflict is None:
         raise model.DoesNotExist(f"{model.__name__} {obj.pk} does not exist")
     raise conflict
@@ -215,21 +243,18 @@ def delete[V: VersionedObject](obj: V, writer: Writer, *, expected_version: int 
     raise conflict
 
 
-def _swapped[V: VersionedObject](model: type[V], stored: V, changes: Mapping[str, Any]) -> V:
-    """Write `changes` over the locked `stored`: the object as the write left it, from the UPDATE's own RETURNING."""
+def _from_row[V: VersionedObject](model: type[V], db: str, row: tuple[Any, ...]) -> V:
+    """The object a query makes of `row` (every concrete field, in order), converted as a query converts it."""
     fields = model._meta.concrete_fields
-    names = [field.attname for field in fields]
-    row = compare_and_swap(model, stored.pk, ANY, changes, returning=names)
-    assert row is not None, "the row is locked: a blind write cannot miss it"
-    db = connections[stored._state.db or "default"]
+    connection = connections[db]
     values = []
     for field, value in zip(fields, row, strict=True):
         column = field.get_col(model._meta.db_table)
         # What a query would do to each value: the backend's conversions, then the field's (JSON text to objects).
-        for convert in [*db.ops.get_db_converters(column), *field.get_db_converters(db)]:
-            value = convert(value, column, db)
+        for convert in [*connection.ops.get_db_converters(column), *field.get_db_converters(connection)]:
+            value = convert(value, column, connection)
         values.append(value)
-    return model.from_db(db.alias, names, values)
+    return model.from_db(db, [field.attname for field in fields], values)
 
 
 def _locked[V: VersionedObject](model: type[V], pk: Any) -> V | None:
@@ -242,7 +267,12 @@ def _locked[V: VersionedObject](model: type[V], pk: Any) -> V | None:
 
 
 def _refuse(
-    stored: VersionedObject, writer: Writer, expected_version: int | object, attempted: dict[str, Any]
+    stored: VersionedObject,
+    writer: Writer,
+    expected_version: int | object,
+    attempted: dict[str, Any],
+    *,
+    pk: int | None = None,
 ) -> VersionConflict:
     """Log a refused write (and announce it) while the row is still locked, so that the Changes
     of one object are numbered in the order they commit: a watcher reading past the newest
@@ -259,6 +289,7 @@ def _refuse(
         expected=expected_version,
         content=attempted,
         stored=fields_of(stored),
+        pk=pk,
     )
     _announce(stored, change, before=fields_of(stored))
     return conflict
@@ -273,8 +304,11 @@ def _log(
     content: dict[str, Any],
     expected: int | object = ANY,
     stored: dict[str, Any] | None = None,
+    pk: int | None = None,
 ) -> Change:
-    return Change.objects.create(
+    """Log a write as a Change. With its id (`pk`, drawn already), the INSERT waits for no answer."""
+    change = Change(
+        pk=pk,
         resource=obj.kind_plural,
         namespace=obj.namespace,
         name=obj.name,
@@ -288,6 +322,15 @@ def _log(
         object=content,
         stored=stored,
     )
+    db = obj._state.db or "default"
+    if pk is None:
+        change.save(force_insert=True, using=db)
+    else:
+        insert = InsertQuery(Change)
+        insert.insert_values(Change._meta.concrete_fields, [change])
+        insert.get_compiler(using=db).execute_sql(returning_fields=None)
+        change._state.adding, change._state.db = False, db
+    return change
 
 
 def _announce(obj: VersionedObject, change: Change, *, before: dict[str, Any]) -> None:
