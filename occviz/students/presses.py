@@ -79,9 +79,11 @@ class Read:
         return _write(self.job, self.student, self.stored, self.changes, self.said)
 
 
-def read_for_press(student: Student) -> Read | Pressed:
-    """The read of one +1 by `student` on their job's object, or why there is none (nothing written then)."""
-    job = Job.objects.only("status", "scenario", "params", "outside_writes_closed_at").get(pk=student.job_id)
+def read_for_press(job: Job, student: Student) -> Read | Pressed:
+    """The read of one +1 by `student` on `job`'s object, or why there is none (nothing written then).
+
+    `job` as it was just read (with the link that seated the student): its status says whether it takes writes.
+    """
     if job.status != Job.Status.RUNNING or job.outside_writes_closed_at is not None:
         when = "has not started yet" if job.status == Job.Status.QUEUED else f"has finished ({job.status})"
         if job.status == Job.Status.RUNNING:
@@ -105,7 +107,7 @@ def read_for_seat(token: str, cookies: Mapping[str, str]) -> Read | Pressed:
     student = roster.seated(link, cookies.get(roster.seat_cookie_name(link)))
     if student is None:
         return NOT_SEATED
-    return read_for_press(student)
+    return read_for_press(link.job, student)
 
 
 def take_a_turn(student: Student) -> bool:

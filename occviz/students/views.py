@@ -156,7 +156,7 @@ def _read_for_press(request: HttpRequest, token: str) -> HttpResponse | tuple[St
         if _wants_json(request):
             return JsonResponse(pressed.as_json(), status=pressed.status)
         return render(request, "students/join.html", _join_context(link, token, error=pressed.message), status=403)
-    return link, student, read_for_press(student)
+    return link, student, read_for_press(link.job, student)
 
 
 def _back(request: HttpRequest, job: Job) -> str:
