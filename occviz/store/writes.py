@@ -198,16 +198,7 @@ def update[V: VersionedObject](
             stored = _from_row(model, db, swapped.before)
             if swapped.after is not None:
                 written = _from_row(model, db, swapped.after)
-                change = _log(
-                    written,
-                    Change.Type.MODIFIED,
-                    writer,
-                    version=written.resource_version,
-                    expected=expected_version,
-                    content=fields_of(written),
-                    pk=swapped.number,
-                )
-                _announce(written, change, before=fields_of(stored))
+                _told(written, Change.Type.MODIFIED, writer, expected_version, fields_of(stored), pk=swapped.number)
                 return written
             attempted = fields_of(stored) | json.loads(json.dumps(dict(changes), cls=DjangoJSONEncoder))
             conflict = _refuse(stored, writer, expected_version, attempted, pk=swapped.number)
@@ -224,16 +215,7 @@ def delete[V: VersionedObject](obj: V, writer: Writer, *, expected_version: int 
         if stored is None:
             conflict = None
         elif expected_version is ANY or stored.resource_version == expected_version:
-            content = fields_of(stored)
-            change = _log(
-                stored,
-                Change.Type.DELETED,
-                writer,
-                version=stored.resource_version,
-                expected=expected_version,
-                content=content,
-            )
-            _announce(stored, change, before=content)
+            _told(stored, Change.Type.DELETED, writer, expected_version, fields_of(stored))
             model._default_manager.filter(pk=obj.pk).delete()
             return stored
         else:
@@ -264,6 +246,22 @@ def _locked[V: VersionedObject](model: type[V], pk: Any) -> V | None:
     own, an exception leaving the block would spoil the caller's transaction.
     """
     return model._default_manager.select_for_update().filter(pk=pk).first()
+
+
+def _told(
+    obj: VersionedObject,
+    type_: str,
+    writer: Writer,
+    expected_version: int | object,
+    before: dict[str, Any],
+    *,
+    pk: int | None = None,
+) -> None:
+    """Log a write that was made (the object as it left it), and announce it: while the row is still locked."""
+    change = _log(
+        obj, type_, writer, version=obj.resource_version, expected=expected_version, content=fields_of(obj), pk=pk
+    )
+    _announce(obj, change, before=before)
 
 
 def _refuse(
