@@ -153,7 +153,7 @@ def test_racing_writers_each_log_what_they_found_locked_in_the_order_they_held_i
         blind = n % 2 == 0
         changes = {"value": Add(1)} if blind else {"value": 1000 + n}
         pipeline = writes.pipelined() if pipelined else contextlib.nullcontext()
-        with pipeline, transaction.atomic(), contextlib.suppress(VersionConflict):
+        with transaction.atomic(), pipeline, contextlib.suppress(VersionConflict):
             writes.update(counter, changes, Writer("student", f"s{n}"), expected_version=ANY if blind else 1)
 
     _racing(9, write)
@@ -172,17 +172,17 @@ def test_racing_writers_each_log_what_they_found_locked_in_the_order_they_held_i
     assert Job.objects.get(pk=job.pk).controls_requested == 8
 
 
-def test_a_pipelined_write_that_fails_at_the_commit_leaves_nothing(api_alice: Writer) -> None:
-    """In a pipeline, a statement that waits for no answer fails where the answer is read, at the commit: and
-    then the write, its Change and its hand-off are all rolled back."""
+def test_a_pipelined_write_that_fails_as_the_pipeline_ends_leaves_nothing(api_alice: Writer) -> None:
+    """In a pipeline, a statement that waits for no answer fails where the answer is read, as the pipeline ends:
+    and then the write, its Change and its hand-off are all rolled back."""
     job = Job.objects.create(scenario="counter", status=Job.Status.RUNNING)
     counter = Counter.objects.create(name="c", job=job, value=5)
-    with pytest.raises(DataError), writes.pipelined(), transaction.atomic():
+    with pytest.raises(DataError), transaction.atomic(), writes.pipelined():
         writes.update(counter, {"value": 6}, api_alice, expected_version=1)
         with connection.cursor() as cursor:
-            cursor.execute("SELECT 1 / 0")  # no answer read: raised at the commit
+            cursor.execute("SELECT 1 / 0")  # no answer read: raised as the pipeline ends
     counter.refresh_from_db()
     assert (counter.value, counter.resource_version) == (5, 1)
     assert not Change.objects.exists() and not JobControl.objects.exists()
-    with writes.pipelined(), transaction.atomic():  # the connection is usable again
+    with transaction.atomic(), writes.pipelined():  # the connection is usable again
         assert writes.update(counter, {"value": 7}, api_alice, expected_version=1).value == 7

@@ -131,16 +131,18 @@ def dry_run() -> Iterator[None]:
 
 @contextmanager
 def pipelined(using: str = "default") -> Iterator[None]:
-    """Inside, statements whose answer nobody reads wait to be sent with the next one that is read, or the commit.
+    """Inside, statements whose answer nobody reads wait to be sent with the next one that is read, or the end.
 
-    PostgreSQL's pipeline mode: put a transaction inside it, and an `update` holds its row for the
-    statement that locks and writes it and one more round trip (the Change, what the listeners
-    write, the commit), not one round trip each. An error is raised where an answer is read: at
-    the latest, at the commit.
+    PostgreSQL's pipeline mode, inside a caller's transaction (entered outside one, Django's
+    start and end of the transaction would each cost a round trip of their own): there, an
+    `update` holds its row for the statement that locks and writes it, one round trip for the
+    Change and what the listeners write, and the commit; not one round trip each. An error is
+    raised where an answer is read: at the latest, when the block ends.
     """
     connection = connections[using]
     connection.ensure_connection()
-    with connection.connection.pipeline():
+    # What the pipeline raises as it ends is PostgreSQL's error as Django words it, as a statement's would be.
+    with connection.wrap_database_errors, connection.connection.pipeline():
         yield
 
 
@@ -183,8 +185,8 @@ def update[V: VersionedObject](
 
     The row is locked, written and read back in one statement, which also draws the Change's
     id; the Change and what the listeners do wait for no answer from the database. So in a
-    caller's pipeline (`pipelined`) the row is held for two round trips: that statement, and
-    the rest with the commit.
+    caller's pipeline (`pipelined`) the row is held for three round trips: that statement, the
+    rest at once, and the commit.
     """
     model = type(obj)
     db = obj._state.db or "default"

@@ -171,8 +171,8 @@ def _write(job: Job, student: Student, stored: VersionedObject, changes: dict[st
     try:
         # The web process's event loop sends frames to every page meanwhile: each statement's result must
         # not wait its switch interval for the interpreter lock while the object is locked. In a pipeline, the
-        # object is held for two round trips: the statement that locks and writes it, and the rest with the commit.
-        with quick_handoffs(), writes.pipelined(), transaction.atomic():
+        # object is held for three round trips: the statement that locks and writes it, the rest, the commit.
+        with quick_handoffs(), transaction.atomic(), writes.pipelined():
             # Short of the object's lock, give way (a job settling its accounts holds it, and waits for
             # the job's row that this press holds): the press is refused, and the job goes on.
             if not _hold_the_job(job):
