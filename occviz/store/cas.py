@@ -9,6 +9,8 @@ scenarios, the admin and the API all write through here. The strategies that ski
 the check (`none`'s blind write, `atomic`'s in-place increment) pass ANY as the
 expected version, so even they move the version and the cost of skipping the
 check stays visible. A hot loop takes its Swap once (`swap_for`) and runs it per write.
+A writer that logs what it overwrote (the admin's, the API's: `occviz.store.writes`) runs the
+same SET as `swap_locked`, which also returns the row as it was before, in the same statement.
 
 A change is a value, an `Add` computed by the database from the current value, or
 `NOW`, the database's clock at the write. `NOW` in `returning` returns that clock
