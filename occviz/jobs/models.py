@@ -109,14 +109,7 @@ class Job(models.Model):
         One statement bumps the job's count and stores the control, only while the job runs (a job
         that ended meanwhile gets no control).
         """
-        control = JobControl(
-            job_id=self.pk,
-            action=action,
-            actor=actor,
-            seconds=seconds,
-            requested_by=user if getattr(user, "pk", None) else None,
-            payload=payload,
-        )
+        control = self._control(action, actor=actor, seconds=seconds, user=user, payload=payload)
         db = connections[router.db_for_write(JobControl)]
         with db.cursor() as cursor:
             self._store_control(cursor, control)
@@ -135,11 +128,23 @@ class Job(models.Model):
         For an outside write, which asks with the object's row locked: in a pipeline
         (`occviz.store.writes.pipelined`) this waits for no round trip of its own.
         """
-        control = JobControl(
-            job_id=self.pk, action=action, requested_by=user if getattr(user, "pk", None) else None, payload=payload
-        )
         with connections[router.db_for_write(JobControl)].cursor() as cursor:
-            self._store_control(cursor, control)
+            self._store_control(cursor, self._control(action, user=user, payload=payload))
+
+    def _control(
+        self,
+        action: str,
+        *,
+        actor: int | None = None,
+        seconds: float | None = None,
+        user: Any = None,
+        payload: dict[str, Any] | None = None,
+    ) -> JobControl:
+        """A control of this job, not yet stored; `user` kept only if it is one (not an anonymous one)."""
+        requested_by = user if getattr(user, "pk", None) else None
+        return JobControl(
+            job_id=self.pk, action=action, actor=actor, seconds=seconds, requested_by=requested_by, payload=payload
+        )
 
     def _store_control(self, cursor: Any, control: JobControl) -> None:
         """The one statement that moves the job's count and stores `control`, while the job runs (its id returned)."""

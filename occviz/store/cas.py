@@ -224,22 +224,9 @@ def swap_locked(
     ids of a log of its writes must. The columns come back as the database gives them (for
     `model._meta.concrete_fields`, in order). None if there is no row `pk` (nothing drawn then).
     """
-    meta = model._meta
-    swap = swap_for(model, _columns(changes), False)
-    table, pk_column = f'"{meta.db_table}"', f'"{meta.pk.column}"'
-    columns = [f'"{field.column}"' for field in meta.concrete_fields]
-    check = ' AND "old"."resource_version" = %s' if expected_version is not ANY else ""
-    # The locking subquery is its own plan node, so the number is drawn after the lock, not while waiting
-    # for it; the UPDATE reads the locked row through "old", so it runs after the lock, on the newest version.
-    sql = (
-        f'WITH "old" AS (SELECT {", ".join(f'"locked".{column}' for column in columns)},'
-        f' nextval(pg_get_serial_sequence(%s, %s)) AS "drawn"'
-        f' FROM (SELECT * FROM {table} WHERE {pk_column} = %s FOR UPDATE) AS "locked"),'
-        f' "new" AS (UPDATE {table} SET {swap.assignments} FROM "old"'
-        f' WHERE {table}.{pk_column} = "old".{pk_column}{check}'
-        f" RETURNING {', '.join(f'{table}.{column}' for column in columns)})"
-        ' SELECT * FROM "old" LEFT JOIN "new" ON TRUE'
-    )
+    columns = _columns(changes)
+    swap = swap_for(model, columns, False)
+    sql = _locked_swap_sql(model, columns, expected_version is not ANY)
     connection = connections[using]
     params = [*draw, pk, *swap.assigned(changes.values(), connection)]
     if expected_version is not ANY:
@@ -249,6 +236,29 @@ def swap_locked(
         row = cursor.fetchone()
     if row is None:
         return None
-    count = len(columns)
+    count = len(model._meta.concrete_fields)
     after = row[count + 1 :]
     return LockedSwap(row[:count], row[count], None if after[0] is None else after)
+
+
+@functools.cache
+def _locked_swap_sql(
+    model: type[models.Model], columns: tuple[tuple[str, bool | Now], ...], check_version: bool
+) -> str:
+    """`swap_locked`'s statement for one shape of write, built once (like `swap_for`'s)."""
+    meta = model._meta
+    swap = swap_for(model, columns, False)
+    table, pk_column = f'"{meta.db_table}"', f'"{meta.pk.column}"'
+    names = [f'"{field.column}"' for field in meta.concrete_fields]
+    check = ' AND "old"."resource_version" = %s' if check_version else ""
+    # The locking subquery is its own plan node, so the number is drawn after the lock, not while waiting
+    # for it; the UPDATE reads the locked row through "old", so it runs after the lock, on the newest version.
+    return (
+        f'WITH "old" AS (SELECT {", ".join(f'"locked".{name}' for name in names)},'
+        f' nextval(pg_get_serial_sequence(%s, %s)) AS "drawn"'
+        f' FROM (SELECT * FROM {table} WHERE {pk_column} = %s FOR UPDATE) AS "locked"),'
+        f' "new" AS (UPDATE {table} SET {swap.assignments} FROM "old"'
+        f' WHERE {table}.{pk_column} = "old".{pk_column}{check}'
+        f" RETURNING {', '.join(f'{table}.{name}' for name in names)})"
+        ' SELECT * FROM "old" LEFT JOIN "new" ON TRUE'
+    )
