@@ -6,7 +6,9 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
+import psycopg
 import pytest
 from django.contrib.auth.models import User
 from django.db import DataError, connection, transaction
@@ -127,10 +129,22 @@ def _racing(count: int, write: Callable[[int], None]) -> None:
         thread.join()
 
 
-@pytest.mark.parametrize("pipelined", [False, True], ids=["statement by statement", "pipelined"])
-def test_racing_writers_each_log_what_they_found_locked_in_the_order_they_held_it(
-    api_alice: Writer, pipelined: bool
-) -> None:
+def _in_a_transaction(way: str) -> contextlib.AbstractContextManager[None]:
+    """A write transaction: statement by statement, pipelined, or a pipelined transaction (its commit pipelined too)."""
+    if way == "pipelined transaction":
+        return writes.pipelined_transaction()
+    stack = contextlib.ExitStack()
+    stack.enter_context(transaction.atomic())
+    if way == "pipelined":
+        stack.enter_context(writes.pipelined())
+    return stack
+
+
+WAYS = ["statement by statement", "pipelined", "pipelined transaction"]
+
+
+@pytest.mark.parametrize("way", WAYS)
+def test_racing_writers_each_log_what_they_found_locked_in_the_order_they_held_it(api_alice: Writer, way: str) -> None:
     """Writers queue for the row while another transaction holds it and writes it: each one's Change and hand-off
     say what was stored when it got the row (not what its statement's snapshot saw), and the Changes' ids follow
     the versions they wrote."""
@@ -152,8 +166,7 @@ def test_racing_writers_each_log_what_they_found_locked_in_the_order_they_held_i
         holding.wait()
         blind = n % 2 == 0
         changes = {"value": Add(1)} if blind else {"value": 1000 + n}
-        pipeline = writes.pipelined() if pipelined else contextlib.nullcontext()
-        with transaction.atomic(), pipeline, contextlib.suppress(VersionConflict):
+        with _in_a_transaction(way), contextlib.suppress(VersionConflict):
             writes.update(counter, changes, Writer("student", f"s{n}"), expected_version=ANY if blind else 1)
 
     _racing(9, write)
@@ -172,17 +185,59 @@ def test_racing_writers_each_log_what_they_found_locked_in_the_order_they_held_i
     assert Job.objects.get(pk=job.pk).controls_requested == 8
 
 
-def test_a_pipelined_write_that_fails_as_the_pipeline_ends_leaves_nothing(api_alice: Writer) -> None:
-    """In a pipeline, a statement that waits for no answer fails where the answer is read, as the pipeline ends:
-    and then the write, its Change and its hand-off are all rolled back."""
+@pytest.mark.parametrize("way", WAYS[1:])
+def test_a_pipelined_write_that_fails_as_the_pipeline_ends_leaves_nothing(api_alice: Writer, way: str) -> None:
+    """In a pipeline, a statement that waits for no answer fails where the answer is read, as the pipeline ends
+    (or with the commit sent behind it): and then the write, its Change and its hand-off are all rolled back."""
     job = Job.objects.create(scenario="counter", status=Job.Status.RUNNING)
     counter = Counter.objects.create(name="c", job=job, value=5)
-    with pytest.raises(DataError), transaction.atomic(), writes.pipelined():
+    with pytest.raises(DataError), _in_a_transaction(way):
         writes.update(counter, {"value": 6}, api_alice, expected_version=1)
         with connection.cursor() as cursor:
             cursor.execute("SELECT 1 / 0")  # no answer read: raised as the pipeline ends
     counter.refresh_from_db()
     assert (counter.value, counter.resource_version) == (5, 1)
     assert not Change.objects.exists() and not JobControl.objects.exists()
-    with transaction.atomic(), writes.pipelined():  # the connection is usable again
+    with _in_a_transaction(way):  # the connection is usable again
         assert writes.update(counter, {"value": 7}, api_alice, expected_version=1).value == 7
+    assert Change.objects.get().resource_version == 2 and JobControl.objects.count() == 1
+
+
+def test_a_pipelined_transaction_sends_its_commit_with_the_statements_after_the_locking_one(
+    api_alice: Writer, tmp_path: Path
+) -> None:
+    """The row is held for two round trips: the statement that locks and writes it, then the Change, the job's
+    hand-off and the COMMIT sent at once, before the pipeline's sync (as the client's protocol trace shows)."""
+    job = Job.objects.create(scenario="counter", status=Job.Status.RUNNING)
+    counter = Counter.objects.create(name="c", job=job)
+    connection.ensure_connection()
+    pgconn = connection.connection.pgconn
+    with (tmp_path / "trace").open("w") as trace:
+        pgconn.trace(trace.fileno())
+        pgconn.set_trace_flags(psycopg.pq.Trace.SUPPRESS_TIMESTAMPS)
+        try:
+            with writes.pipelined_transaction():
+                writes.update(counter, {"value": 1}, api_alice, expected_version=1)
+        finally:
+            pgconn.untrace()
+    sent = [line.split("\t") for line in (tmp_path / "trace").read_text().splitlines()]
+    locked = next(n for n, line in enumerate(sent) if line[0] == "B" and line[2] == "DataRow")
+    # What the client sent once it had the locked row's answer, up to its next sync: the rest and the commit.
+    after = [line for line in sent[locked:] if line[0] == "F"]
+    until_sync = after[: next(n for n, line in enumerate(after) if line[2] == "Sync")]
+    parsed = [line[3].removeprefix(' "" "') for line in until_sync if line[2] == "Parse"]
+    assert [text.split()[:3] for text in parsed] == [
+        ["INSERT", "INTO", '"store_change"'],
+        ["WITH", "moved", "AS"],
+        ['COMMIT"', "0"],
+    ]
+    counter.refresh_from_db()
+    assert counter.resource_version == 2 and Change.objects.get().resource_version == 2
+
+
+def test_a_pipelined_transaction_is_refused_inside_another_transaction(api_alice: Writer) -> None:
+    counter = Counter.objects.create(name="c")
+    with transaction.atomic():
+        with pytest.raises(transaction.TransactionManagementError), writes.pipelined_transaction():
+            writes.update(counter, {"value": 1}, api_alice, expected_version=1)
+        assert Counter.objects.get().resource_version == 1  # nothing was written, and nothing committed

@@ -7,12 +7,15 @@ races the worker picking the job up has exactly one winner.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
 from django.db import connections, models, router
 from django.utils import timezone
+
+from occviz.store import inserts
 
 
 class Job(models.Model):
@@ -109,10 +112,10 @@ class Job(models.Model):
         One statement bumps the job's count and stores the control, only while the job runs (a job
         that ended meanwhile gets no control).
         """
-        control = self._control(action, actor=actor, seconds=seconds, user=user, payload=payload)
+        control = _control(self.pk, action, actor=actor, seconds=seconds, user=user, payload=payload)
         db = connections[router.db_for_write(JobControl)]
         with db.cursor() as cursor:
-            self._store_control(cursor, control)
+            _store_control(cursor, control)
             row = cursor.fetchone()
         if row is None:
             self.refresh_from_db(fields=["status"])
@@ -122,41 +125,51 @@ class Job(models.Model):
         control._state.db = db.alias
         return control
 
-    def hand_over(self, action: str, *, user: Any = None, payload: dict[str, Any] | None = None) -> None:
-        """Ask for a control as `request_control` does, without reading the answer (none is stored if the job ended).
+    @staticmethod
+    def hand_over(job_id: int, action: str, *, user: Any = None, payload: dict[str, Any] | None = None) -> None:
+        """Ask job `job_id` for a control as `request_control` does, without reading the answer (none is stored if
+        the job ended).
 
         For an outside write, which asks with the object's row locked: in a pipeline
-        (`occviz.store.writes.pipelined`) this waits for no round trip of its own.
+        (`occviz.store.writes.pipelined`) this waits for no round trip of its own, and no Job is made for it.
         """
         with connections[router.db_for_write(JobControl)].cursor() as cursor:
-            self._store_control(cursor, self._control(action, user=user, payload=payload))
+            _store_control(cursor, _control(job_id, action, user=user, payload=payload))
 
-    def _control(
-        self,
-        action: str,
-        *,
-        actor: int | None = None,
-        seconds: float | None = None,
-        user: Any = None,
-        payload: dict[str, Any] | None = None,
-    ) -> JobControl:
-        """A control of this job, not yet stored; `user` kept only if it is one (not an anonymous one)."""
-        requested_by = user if getattr(user, "pk", None) else None
-        return JobControl(
-            job_id=self.pk, action=action, actor=actor, seconds=seconds, requested_by=requested_by, payload=payload
-        )
 
-    def _store_control(self, cursor: Any, control: JobControl) -> None:
-        """The one statement that moves the job's count and stores `control`, while the job runs (its id returned)."""
-        fields = [field for field in JobControl._meta.concrete_fields if not field.primary_key]
-        values = [field.get_db_prep_save(field.pre_save(control, add=True), cursor.db) for field in fields]
-        cursor.execute(
-            "WITH moved AS (UPDATE jobs_job SET controls_requested = controls_requested + 1"
-            "               WHERE id = %s AND status = %s RETURNING id)"
-            f" INSERT INTO jobs_jobcontrol ({', '.join(f'"{field.column}"' for field in fields)})"
-            f" SELECT {', '.join(f'%s::{field.db_type(cursor.db)}' for field in fields)} FROM moved RETURNING id",
-            [self.pk, self.Status.RUNNING, *values],
-        )
+def _control(
+    job_id: int,
+    action: str,
+    *,
+    actor: int | None = None,
+    seconds: float | None = None,
+    user: Any = None,
+    payload: dict[str, Any] | None = None,
+) -> JobControl:
+    """A control of job `job_id`, not yet stored; `user` kept only if it is one (not an anonymous one)."""
+    requested_by = user if getattr(user, "pk", None) else None
+    return JobControl(
+        job_id=job_id, action=action, actor=actor, seconds=seconds, requested_by=requested_by, payload=payload
+    )
+
+
+def _store_control(cursor: Any, control: JobControl) -> None:
+    """The one statement that moves the job's count and stores `control`, while the job runs (its id returned)."""
+    values = inserts.values_of(control, inserts.fields_to_insert(JobControl, False), cursor.db)
+    cursor.execute(_store_control_sql(cursor.db.alias), [control.job_id, Job.Status.RUNNING, *values])
+
+
+@functools.cache
+def _store_control_sql(alias: str) -> str:
+    """`_store_control`'s statement, made once per database (a hand-off is made with a row locked)."""
+    connection = connections[alias]
+    fields = inserts.fields_to_insert(JobControl, False)
+    return (
+        "WITH moved AS (UPDATE jobs_job SET controls_requested = controls_requested + 1"
+        "               WHERE id = %s AND status = %s RETURNING id)"
+        f" INSERT INTO jobs_jobcontrol ({inserts.columns_of(fields, connection)})"
+        f" SELECT {', '.join(f'%s::{field.db_type(connection)}' for field in fields)} FROM moved RETURNING id"
+    )
 
 
 class JobNotRunning(Exception):

@@ -17,4 +17,4 @@ from occviz.store.writes import WriteNotice
 def hand_to_job(notice: WriteNotice) -> None:
     """Hand the write to the job that made the object, if it is running (a finished job's objects are just objects)."""
     if notice.owner_job is not None:
-        Job(pk=notice.owner_job).hand_over("outside", payload=notice.payload(), user=notice.user)
+        Job.hand_over(notice.owner_job, "outside", payload=notice.payload(), user=notice.user)

@@ -18,8 +18,9 @@ have: it is refused the same way, but not logged (the log's column could not hol
 
 `dry_run()` makes writes as they would be made (the version check, the row lock, the
 refusal) in a transaction it then rolls back, and tells no listener: the API's `dryRun=All`.
-`pipelined()` sends what waits for no answer with the next statement that does: a writer
-that wants its row held as briefly as can be (a student's press) writes in it.
+`pipelined()` sends what waits for no answer with the next statement that does, and
+`pipelined_transaction()` sends the commit with them too: a writer that wants its row held as
+briefly as can be (a student's press) writes in it.
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ from typing import Any, Final
 
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import IntegrityError, connections, transaction
-from django.db.models.sql import InsertQuery
 
+from occviz.store import inserts
 from occviz.store.cas import ANY, swap_locked
 from occviz.store.models import Change, VersionConflict, VersionedObject
 
@@ -146,6 +147,25 @@ def pipelined(using: str = "default") -> Iterator[None]:
         yield
 
 
+@contextmanager
+def pipelined_transaction(using: str = "default") -> Iterator[None]:
+    """A transaction in PostgreSQL's pipeline mode whose COMMIT goes with its last statements.
+
+    `with transaction.atomic(), pipelined():` ends with a round trip for what waits in the
+    pipeline and then one for the commit; this ends with one for both, so a row locked in it
+    is held a round trip less. An error in the block, or where the last answers are read,
+    rolls everything back. It is the outermost transaction: a commit inside another would end it.
+    """
+    connection = connections[using]
+    if connection.in_atomic_block:
+        raise transaction.TransactionManagementError("pipelined_transaction() cannot be inside another transaction")
+    with transaction.atomic(using=using), pipelined(using):
+        yield
+        if not connection.needs_rollback:
+            # Queued behind the block's statements and sent with them; Django's commit then has nothing left to do.
+            connection.connection.commit()
+
+
 class AlreadyExists(Exception):
     def __init__(self, model: type[VersionedObject], name: str) -> None:
         self.model = model
@@ -186,7 +206,7 @@ def update[V: VersionedObject](
     The row is locked, written and read back in one statement, which also draws the Change's
     id; the Change and what the listeners do wait for no answer from the database. So in a
     caller's pipeline (`pipelined`) the row is held for three round trips: that statement, the
-    rest at once, and the commit.
+    rest at once, and the commit; in a `pipelined_transaction`, for two (the commit goes with the rest).
     """
     model = type(obj)
     db = obj._state.db or "default"
@@ -326,10 +346,7 @@ def _log(
     if pk is None:
         change.save(force_insert=True, using=db)
     else:
-        insert = InsertQuery(Change)
-        insert.insert_values(Change._meta.concrete_fields, [change])
-        insert.get_compiler(using=db).execute_sql(returning_fields=None)
-        change._state.adding, change._state.db = False, db
+        inserts.insert(change, using=db)
     return change
 
 

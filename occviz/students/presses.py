@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from django.db import OperationalError, connection, transaction
+from django.db import OperationalError, connection
 
 from occviz.jobs.affinity import quick_handoffs
 from occviz.jobs.models import Job
@@ -170,9 +170,10 @@ def _write(job: Job, student: Student, stored: VersionedObject, changes: dict[st
     read = stored.resource_version
     try:
         # The web process's event loop sends frames to every page meanwhile: each statement's result must
-        # not wait its switch interval for the interpreter lock while the object is locked. In a pipeline, the
-        # object is held for three round trips: the statement that locks and writes it, the rest, the commit.
-        with quick_handoffs(), transaction.atomic(), writes.pipelined():
+        # not wait its switch interval for the interpreter lock while the object is locked. In a pipelined
+        # transaction, the object is held for two round trips: the statement that locks and writes it, then the
+        # rest with the commit.
+        with quick_handoffs(), writes.pipelined_transaction():
             # Short of the object's lock, give way (a job settling its accounts holds it, and waits for
             # the job's row that this press holds): the press is refused, and the job goes on.
             if not _hold_the_job(job):
