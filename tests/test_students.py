@@ -514,6 +514,50 @@ async def test_a_seated_student_presses_over_the_socket_and_hears_what_the_post_
 
 
 @pytest.mark.asyncio
+async def test_a_press_over_the_socket_needs_a_seat_signed_for_its_job_and_a_usable_link(alice: User) -> None:
+    """A seat on another job (under its own cookie's name or this job's), a forged seat, a revoked link or a
+    job settling its accounts: each press is refused with why, and nothing is written."""
+    from asgiref.sync import sync_to_async
+
+    job, row = await sync_to_async(_running_counter)(alice)
+    other, _ = await sync_to_async(_running_counter)(alice)
+    link, token = await sync_to_async(_link)(job)
+    _, other_token = await sync_to_async(_link)(other)
+    grace = (await sync_to_async(_student_client)(other_token, "Grace")).cookies[f"occviz-student-{other.pk}"].value
+    for cookie in (
+        f"occviz-student-{other.pk}={grace}",  # seated on the other job
+        f"occviz-student-{job.pk}={grace}",  # the same seat under this job's cookie name
+        f"occviz-student-{job.pk}=1",  # not signed by us
+        f"occviz-student-{job.pk}=1:forged; occviz-student-x={grace}",
+    ):
+        socket = await _seated_socket(token, cookie)
+        await socket.send_json_to({"type": "press", "id": 1})
+        [answer] = await _answers(socket, 1)
+        assert (answer["status"], answer["ok"]) == (403, False) and "nickname" in answer["message"], (cookie, answer)
+        await socket.disconnect()
+
+    seat = _seat_of(job, await sync_to_async(_student_client)(token, "Ada"))
+    socket = await _seated_socket(token, seat)
+    closing = Job.objects.filter(pk=job.pk)
+    await sync_to_async(closing.update)(outside_writes_closed_at=timezone.now())  # the job settling its accounts
+    await socket.send_json_to({"type": "press", "id": 2})
+    [finishing] = await _answers(socket, 1)
+    assert finishing["status"] == 409 and "is finishing: writes are closed" in finishing["message"], finishing
+    await sync_to_async(closing.update)(outside_writes_closed_at=None)
+    await socket.send_json_to({"type": "press", "id": 3})
+    [written] = await _answers(socket, 1)
+    assert written["status"] == 200 and written["message"].startswith("+1 written over v1: v2"), written
+    assert await sync_to_async(link.revoke)()
+    await socket.send_json_to({"type": "press", "id": 4})
+    [revoked] = await _answers(socket, 1)
+    assert revoked["status"] == 410 and "revoked" in revoked["message"], revoked
+    await socket.disconnect()
+    await sync_to_async(row.refresh_from_db)()
+    assert (row.value, row.resource_version) == (1, 2)
+    assert await Change.objects.filter(via="student").acount() == 1
+
+
+@pytest.mark.asyncio
 async def test_presses_over_a_socket_above_the_rate_are_refused_and_bad_ones_get_why(alice: User) -> None:
     from asgiref.sync import sync_to_async
 

@@ -15,7 +15,7 @@ from django.contrib.postgres.fields import ArrayField
 from django.db import connections, models, router
 from django.utils import timezone
 
-from occviz.store import inserts
+from occviz.store import rows
 
 
 class Job(models.Model):
@@ -155,7 +155,7 @@ def _control(
 
 def _store_control(cursor: Any, control: JobControl) -> None:
     """The one statement that moves the job's count and stores `control`, while the job runs (its id returned)."""
-    values = inserts.values_of(control, inserts.fields_to_insert(JobControl, False), cursor.db)
+    values = rows.values_of(control, rows.fields_to_insert(JobControl, False), cursor.db)
     cursor.execute(_store_control_sql(cursor.db.alias), [control.job_id, Job.Status.RUNNING, *values])
 
 
@@ -163,11 +163,11 @@ def _store_control(cursor: Any, control: JobControl) -> None:
 def _store_control_sql(alias: str) -> str:
     """`_store_control`'s statement, made once per database (a hand-off is made with a row locked)."""
     connection = connections[alias]
-    fields = inserts.fields_to_insert(JobControl, False)
+    fields = rows.fields_to_insert(JobControl, False)
     return (
         "WITH moved AS (UPDATE jobs_job SET controls_requested = controls_requested + 1"
         "               WHERE id = %s AND status = %s RETURNING id)"
-        f" INSERT INTO jobs_jobcontrol ({inserts.columns_of(fields, connection)})"
+        f" INSERT INTO jobs_jobcontrol ({rows.columns_of(fields, connection)})"
         f" SELECT {', '.join(f'%s::{field.db_type(connection)}' for field in fields)} FROM moved RETURNING id"
     )
 

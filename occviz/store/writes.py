@@ -35,7 +35,7 @@ from typing import Any, Final
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import IntegrityError, connections, transaction
 
-from occviz.store import inserts
+from occviz.store import rows
 from occviz.store.cas import ANY, swap_locked
 from occviz.store.models import Change, VersionConflict, VersionedObject
 
@@ -217,9 +217,9 @@ def update[V: VersionedObject](
         if swapped is None:
             conflict = None
         else:
-            stored = _from_row(model, db, swapped.before)
+            stored = rows.from_row(model, db, model._meta.concrete_fields, swapped.before)
             if swapped.after is not None:
-                written = _from_row(model, db, swapped.after)
+                written = rows.from_row(model, db, model._meta.concrete_fields, swapped.after)
                 _told(written, Change.Type.MODIFIED, writer, expected_version, fields_of(stored), pk=swapped.number)
                 return written
             attempted = fields_of(stored) | json.loads(json.dumps(dict(changes), cls=DjangoJSONEncoder))
@@ -245,20 +245,6 @@ def delete[V: VersionedObject](obj: V, writer: Writer, *, expected_version: int 
     if conflict is None:
         raise model.DoesNotExist(f"{model.__name__} {obj.pk} does not exist")
     raise conflict
-
-
-def _from_row[V: VersionedObject](model: type[V], db: str, row: tuple[Any, ...]) -> V:
-    """The object a query makes of `row` (every concrete field, in order), converted as a query converts it."""
-    fields = model._meta.concrete_fields
-    connection = connections[db]
-    values = []
-    for field, value in zip(fields, row, strict=True):
-        column = field.get_col(model._meta.db_table)
-        # What a query would do to each value: the backend's conversions, then the field's (JSON text to objects).
-        for convert in [*connection.ops.get_db_converters(column), *field.get_db_converters(connection)]:
-            value = convert(value, column, connection)
-        values.append(value)
-    return model.from_db(db, [field.attname for field in fields], values)
 
 
 def _locked[V: VersionedObject](model: type[V], pk: Any) -> V | None:
@@ -346,7 +332,7 @@ def _log(
     if pk is None:
         change.save(force_insert=True, using=db)
     else:
-        inserts.insert(change, using=db)
+        rows.insert(change, using=db)
     return change
 
 

@@ -9,6 +9,7 @@ under a lock on the job's roster, so two students joining at once cannot both be
 from __future__ import annotations
 
 import unicodedata
+from collections.abc import Mapping
 
 from django.core.signing import BadSignature, Signer
 from django.db import IntegrityError, connection, transaction
@@ -60,8 +61,11 @@ def join(link: StudentLink, raw_nickname: str) -> Student:
             raise JoinRefused(f"The nickname {nickname!r} is taken on this job: pick another.") from None
 
 
+_SEAT_COOKIE = "occviz-student-"
+
+
 def seat_cookie_name(link: StudentLink) -> str:
-    return f"occviz-student-{link.job_id}"
+    return f"{_SEAT_COOKIE}{link.job_id}"
 
 
 def seat_value(student: Student) -> str:
@@ -71,6 +75,25 @@ def seat_value(student: Student) -> str:
 
 def seated(link: StudentLink, value: str | None) -> Student | None:
     """The student a cookie value names, if it is one of ours and a student of the link's job."""
+    pk = _seat_of(value)
+    return None if pk is None else Student.objects.filter(pk=pk, job_id=link.job_id).first()
+
+
+def seats(cookies: Mapping[str, str]) -> dict[str, int]:
+    """The students the seat cookies among `cookies` name (signed by us), by their job's id (as text).
+
+    Which of them is a student of the job is for the reader to check, as `seated` does.
+    """
+    found = {}
+    for name, value in cookies.items():
+        job = name.removeprefix(_SEAT_COOKIE)
+        if job != name and job.isascii() and job.isdigit() and len(job) <= 18 and (pk := _seat_of(value)) is not None:
+            found[str(int(job))] = pk
+    return found
+
+
+def _seat_of(value: str | None) -> int | None:
+    """The student's id a seat cookie's value names, if we signed it."""
     if not value:
         return None
     try:
@@ -79,4 +102,4 @@ def seated(link: StudentLink, value: str | None) -> Student | None:
         return None
     if not (pk.isascii() and pk.isdigit() and len(pk) <= 18):
         return None
-    return Student.objects.filter(pk=int(pk), job_id=link.job_id).first()
+    return int(pk)

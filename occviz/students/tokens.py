@@ -50,8 +50,11 @@ def link_id(token: str) -> int:
 
 def open_link(token: str) -> StudentLink:
     """The usable link a token names, with its job; LinkRefused says why not (altered, unknown, revoked, expired)."""
-    pk = link_id(token)
-    link = StudentLink.objects.select_related("job").filter(pk=pk).first()
+    return usable(StudentLink.objects.select_related("job").filter(pk=link_id(token)).first())
+
+
+def usable(link: StudentLink | None) -> StudentLink:
+    """The link as read (None: no such row) if it may still be used; LinkRefused says why not."""
     if link is None:
         raise LinkRefused(410, "Link withdrawn", "This student link no longer exists: ask the teacher for a new one.")
     if link.revoked:

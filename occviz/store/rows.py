@@ -1,0 +1,80 @@
+"""Rows read and inserted by statements made once per model and database, for a hot path.
+
+`Model.save()`, Django's `InsertQuery` and a queryset build their SQL anew for every row,
+and a queryset makes a model of every field it reads. A writer that inserts its log while it
+holds a contended row (a student's press: the Change, the job's hand-off) pays for that
+building with the row locked, and every writer queued behind it waits as long; a web process
+answering a class's presses pays for it on the cores the job's writers use. Here an INSERT is
+built once (`insert_sql`), and each row only has its values prepared (`values_of`, as `save()`
+prepares them); `insert` reads no answer, so in a pipeline (`occviz.store.writes.pipelined`)
+it waits for no round trip either. `from_row` makes the model a queryset would make of a row,
+from the columns a statement of one's own selected.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any, cast
+
+from django.db import connections, models
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+
+@functools.cache
+def fields_to_insert(model: type[models.Model], with_pk: bool) -> tuple[models.Field[Any, Any], ...]:
+    """The concrete fields an INSERT of `model` names, in order (its primary key first, if `with_pk`)."""
+    return tuple(field for field in model._meta.concrete_fields if with_pk or not field.primary_key)
+
+
+def columns_of(fields: tuple[models.Field[Any, Any], ...], connection: BaseDatabaseWrapper) -> str:
+    """The fields' columns, quoted, comma-separated: an INSERT's column list."""
+    return ", ".join(connection.ops.quote_name(cast(str, field.column)) for field in fields)
+
+
+@functools.cache
+def insert_sql(model: type[models.Model], alias: str) -> str:
+    """`INSERT INTO <table> (<every concrete field's column>) VALUES (%s, ...)`, primary key included."""
+    connection = connections[alias]
+    fields = fields_to_insert(model, True)
+    return (
+        f"INSERT INTO {connection.ops.quote_name(model._meta.db_table)} ({columns_of(fields, connection)})"
+        f" VALUES ({', '.join(['%s'] * len(fields))})"
+    )
+
+
+def values_of(
+    obj: models.Model, fields: tuple[models.Field[Any, Any], ...], connection: BaseDatabaseWrapper
+) -> list[Any]:
+    """`obj`'s values for `fields`, prepared as `save()` prepares a new row's (defaults, auto_now_add...)."""
+    return [field.get_db_prep_save(field.pre_save(obj, add=True), connection) for field in fields]
+
+
+def insert(obj: models.Model, *, using: str) -> None:
+    """Insert `obj`, whose primary key is set, reading no answer; `obj` is then as `save()` leaves a new row."""
+    model = type(obj)
+    connection = connections[using]
+    with connection.cursor() as cursor:
+        cursor.execute(insert_sql(model, using), values_of(obj, fields_to_insert(model, True), connection))
+    obj._state.adding, obj._state.db = False, using
+
+
+def from_row[M: models.Model](
+    model: type[M], db: str, fields: Sequence[models.Field[Any, Any]], row: Sequence[Any]
+) -> M:
+    """The model a query makes of `row` (the columns of `fields`, in order), converted as a query converts them.
+
+    Fields not among `fields` are deferred, as `only()` leaves them.
+    """
+    connection = connections[db]
+    values = []
+    for field, value in zip(fields, row, strict=True):
+        column = field.get_col(model._meta.db_table)
+        # What a query would do to each value: the backend's conversions, then the field's (JSON text to objects).
+        for convert in [*connection.ops.get_db_converters(column), *field.get_db_converters(connection)]:
+            value = convert(value, column, connection)
+        values.append(value)
+    # from_db takes the values of a subset in the model's order.
+    position = {field: n for n, field in enumerate(model._meta.concrete_fields)}
+    ordered = sorted(zip(fields, values, strict=True), key=lambda pair: position[pair[0]])
+    return model.from_db(db, [field.attname for field, _ in ordered], [value for _, value in ordered])
