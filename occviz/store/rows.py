@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, cast
 
 from django.db import connections, models
@@ -27,9 +28,13 @@ def fields_to_insert(model: type[models.Model], with_pk: bool) -> tuple[models.F
     return tuple(field for field in model._meta.concrete_fields if with_pk or not field.primary_key)
 
 
-def columns_of(fields: tuple[models.Field[Any, Any], ...], connection: BaseDatabaseWrapper) -> str:
-    """The fields' columns, quoted, comma-separated: an INSERT's column list."""
-    return ", ".join(connection.ops.quote_name(cast(str, field.column)) for field in fields)
+def columns_of(
+    fields: Sequence[models.Field[Any, Any]], connection: BaseDatabaseWrapper, table: str | None = None
+) -> str:
+    """The fields' columns, quoted, comma-separated (each of `table`, if named): an INSERT's or a SELECT's list."""
+    quote = connection.ops.quote_name
+    qualifier = f"{quote(table)}." if table else ""
+    return ", ".join(f"{qualifier}{quote(cast(str, field.column))}" for field in fields)
 
 
 @functools.cache
@@ -67,14 +72,33 @@ def from_row[M: models.Model](
     Fields not among `fields` are deferred, as `only()` leaves them.
     """
     connection = connections[db]
+    reading = _reading(model, tuple(fields), db)
     values = []
-    for field, value in zip(fields, row, strict=True):
-        column = field.get_col(model._meta.db_table)
-        # What a query would do to each value: the backend's conversions, then the field's (JSON text to objects).
-        for convert in [*connection.ops.get_db_converters(column), *field.get_db_converters(connection)]:
+    for (column, converters), value in zip(reading.converters, row, strict=True):
+        for convert in converters:
             value = convert(value, column, connection)
         values.append(value)
+    return model.from_db(db, reading.attnames, [values[n] for n in reading.order])
+
+
+@dataclass(frozen=True)
+class _Reading:
+    """How `from_row` reads one shape of row: each column's conversions, and the model's order of the fields."""
+
+    converters: tuple[tuple[Any, tuple[Any, ...]], ...]
+    attnames: list[str]
+    order: tuple[int, ...]
+
+
+@functools.cache
+def _reading(model: type[models.Model], fields: tuple[models.Field[Any, Any], ...], db: str) -> _Reading:
+    connection = connections[db]
+    converters = []
+    for field in fields:
+        column = field.get_col(model._meta.db_table)
+        # What a query would do to each value: the backend's conversions, then the field's (JSON text to objects).
+        converters.append((column, (*connection.ops.get_db_converters(column), *field.get_db_converters(connection))))
     # from_db takes the values of a subset in the model's order.
     position = {field: n for n, field in enumerate(model._meta.concrete_fields)}
-    ordered = sorted(zip(fields, values, strict=True), key=lambda pair: position[pair[0]])
-    return model.from_db(db, [field.attname for field, _ in ordered], [value for _, value in ordered])
+    order = tuple(sorted(range(len(fields)), key=lambda n: position[fields[n]]))
+    return _Reading(tuple(converters), [fields[n].attname for n in order], order)

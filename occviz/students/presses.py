@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, cast
 
-from django.db import OperationalError, connection, models
+from django.db import OperationalError, connection, connections, models
 
 from occviz.jobs.affinity import quick_handoffs
 from occviz.jobs.models import Job
@@ -112,7 +112,7 @@ def read_for_seat(token: str, cookies: Mapping[str, str]) -> Read | Pressed:
     except LinkRefused as refused:
         return Pressed(refused.status, refused.reason)
     with connection.cursor() as cursor:
-        cursor.execute(_SEAT_SQL, [json.dumps(roster.seats(cookies)), pk])
+        cursor.execute(_seat_sql(connection.alias), [json.dumps(roster.seats(cookies)), pk])
         row = cursor.fetchone()
     db = connection.alias
     link_end, job_end = len(_LINK_FIELDS), len(_LINK_FIELDS) + len(_JOB_FIELDS)
@@ -136,17 +136,18 @@ _JOB_FIELDS: Final = _fields(Job, "id", "status", "outside_writes_closed_at", "s
 _STUDENT_FIELDS: Final = _fields(Student, "id", "job", "nickname")
 
 
-def _columns(alias: str, fields: tuple[models.Field[Any, Any], ...]) -> str:
-    return ", ".join(f'{alias}."{field.column}"' for field in fields)
-
-
-# The link, its job, and the student of that job whose seat cookie (named by the job's id) came with the press.
-_SEAT_SQL: Final = (
-    f"SELECT {_columns('l', _LINK_FIELDS)}, {_columns('j', _JOB_FIELDS)}, {_columns('s', _STUDENT_FIELDS)}"
-    f" FROM {StudentLink._meta.db_table} l JOIN {Job._meta.db_table} j ON j.id = l.job_id"
-    f" LEFT JOIN {Student._meta.db_table} s ON s.job_id = l.job_id AND s.id = (%s::jsonb ->> l.job_id::text)::bigint"
-    " WHERE l.id = %s"
-)
+@functools.cache
+def _seat_sql(alias: str) -> str:
+    """The link, its job, and the student of that job whose seat cookie (named by the job's id) came with the press."""
+    db = connections[alias]
+    return (
+        f"SELECT {rows.columns_of(_LINK_FIELDS, db, 'l')}, {rows.columns_of(_JOB_FIELDS, db, 'j')},"
+        f" {rows.columns_of(_STUDENT_FIELDS, db, 's')}"
+        f" FROM {StudentLink._meta.db_table} l JOIN {Job._meta.db_table} j ON j.id = l.job_id"
+        f" LEFT JOIN {Student._meta.db_table} s"
+        " ON s.job_id = l.job_id AND s.id = (%s::jsonb ->> l.job_id::text)::bigint"
+        " WHERE l.id = %s"
+    )
 
 
 def take_a_turn(student: Student) -> bool:
@@ -249,7 +250,7 @@ def _write(job: Job, student: Student, stored: VersionedObject, changes: dict[st
 @functools.cache
 def _first_of_sql(model: type[VersionedObject]) -> str:
     meta = model._meta
-    columns = _columns(f'"{meta.db_table}"', tuple(meta.concrete_fields))
+    columns = rows.columns_of(meta.concrete_fields, connection)
     return f'SELECT {columns} FROM "{meta.db_table}" WHERE "job_id" = %s ORDER BY "{meta.pk.column}" LIMIT 1'
 
 
