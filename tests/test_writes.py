@@ -3,20 +3,23 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import threading
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 
 import psycopg
 import pytest
 from django.contrib.auth.models import User
+from django.core.serializers.json import DjangoJSONEncoder
 from django.db import DataError, connection, transaction
 
 from occviz.jobs.models import Job, JobControl
 from occviz.store import writes
 from occviz.store.cas import ANY, Add, compare_and_swap
-from occviz.store.models import Change, Counter, Lease, VersionConflict
+from occviz.store.models import Change, Counter, Deployment, Lease, Pod, ResourceQuota, VersionConflict
 from occviz.store.writes import AlreadyExists, Writer
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -45,6 +48,54 @@ def test_an_update_on_the_version_read_is_written_and_logged(api_alice: Writer) 
         6,
     )
     assert not change.blind
+
+
+_EVERY_KIND = {
+    "counter": (Counter, {"value": 5}, {"value": 6}),
+    "pod": (
+        Pod,
+        {"requests": {"cpu": "1"}, "phase": "Pending"},
+        {"requests": {"cpu": "2", "gpu": 1}, "phase": "Running"},
+    ),
+    "lease": (
+        Lease,
+        {"holder_identity": "a", "acquire_time": datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC), "renew_time": None},
+        # Microseconds are cut to milliseconds, not rounded; a time without any has no fraction.
+        {"holder_identity": "b", "renew_time": datetime(2026, 1, 2, 3, 4, 6, 999_999, tzinfo=UTC)},
+    ),
+    "quota": (ResourceQuota, {"hard": {"pods": 2}, "used": {}}, {"used": {"pods": 1, "a": [1, None, "x"]}}),
+    "deployment": (
+        Deployment,
+        {"replicas": 2, "labels": {"app": "web"}, "annotations": {}, "status": {}},
+        {"replicas": 3, "annotations": {"a/b": "1"}, "status": {"ready": True}},
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", _EVERY_KIND)
+def test_the_log_and_the_hand_off_hold_the_fields_as_python_reads_them(api_alice: Writer, kind: str) -> None:
+    """The database writes the JSON of the Change and of the job's hand-off; it is what `fields_of` makes."""
+    model, fields, changes = _EVERY_KIND[kind]
+    job = Job.objects.create(scenario="counter", status=Job.Status.RUNNING)
+    obj = model.objects.create(name="o", job=job, **fields)
+    before = writes.fields_of(model.objects.get())
+    written = writes.update(obj, changes, api_alice, expected_version=1)
+    after = writes.fields_of(model.objects.get())
+    assert after == writes.fields_of(written) and after != before
+    with pytest.raises(VersionConflict):
+        writes.update(obj, changes, api_alice, expected_version=1)
+    gone = writes.delete(written, api_alice, expected_version=2)
+    assert writes.fields_of(gone) == after
+    modified, refused, deleted = Change.objects.all()
+    assert modified.object == after and modified.stored is None
+    assert refused.stored == after and refused.object == after | json.loads(json.dumps(changes, cls=DjangoJSONEncoder))
+    assert deleted.object == after and (deleted.type, deleted.resource_version) == ("DELETED", 2)
+    payloads = [control.payload for control in JobControl.objects.order_by("pk")]
+    assert [(p["before"], p["after"], p["change"]) for p in payloads] == [
+        (before, after, modified.pk),
+        (after, refused.object, refused.pk),
+        (after, after, deleted.pk),
+    ]
 
 
 def test_a_stale_update_writes_nothing_and_logs_the_refusal(api_alice: Writer) -> None:
@@ -203,11 +254,9 @@ def test_a_pipelined_write_that_fails_as_the_pipeline_ends_leaves_nothing(api_al
     assert Change.objects.get().resource_version == 2 and JobControl.objects.count() == 1
 
 
-def test_a_pipelined_transaction_sends_its_commit_with_the_statements_after_the_locking_one(
-    api_alice: Writer, tmp_path: Path
-) -> None:
-    """The row is held for two round trips: the statement that locks and writes it, then the Change, the job's
-    hand-off and the COMMIT sent at once, before the pipeline's sync (as the client's protocol trace shows)."""
+def test_the_last_write_of_a_pipelined_transaction_goes_with_its_commit(api_alice: Writer, tmp_path: Path) -> None:
+    """The row is held for one statement: the one that locks, writes and logs it and hands it to the job, sent
+    with the COMMIT before the pipeline's sync and before any answer (as the client's protocol trace shows)."""
     job = Job.objects.create(scenario="counter", status=Job.Status.RUNNING)
     counter = Counter.objects.create(name="c", job=job)
     connection.ensure_connection()
@@ -217,22 +266,25 @@ def test_a_pipelined_transaction_sends_its_commit_with_the_statements_after_the_
         pgconn.set_trace_flags(psycopg.pq.Trace.SUPPRESS_TIMESTAMPS)
         try:
             with writes.pipelined_transaction():
-                writes.update(counter, {"value": 1}, api_alice, expected_version=1)
+                written = writes.update(counter, {"value": 1}, api_alice, expected_version=1, last=True)
         finally:
             pgconn.untrace()
     sent = [line.split("\t") for line in (tmp_path / "trace").read_text().splitlines()]
-    locked = next(n for n, line in enumerate(sent) if line[0] == "B" and line[2] == "DataRow")
-    # What the client sent once it had the locked row's answer, up to its next sync: the rest and the commit.
-    after = [line for line in sent[locked:] if line[0] == "F"]
-    until_sync = after[: next(n for n, line in enumerate(after) if line[2] == "Sync")]
-    parsed = [line[3].removeprefix(' "" "') for line in until_sync if line[2] == "Parse"]
-    assert [text.split()[:3] for text in parsed] == [
-        ["INSERT", "INTO", '"store_change"'],
-        ["WITH", "moved", "AS"],
-        ['COMMIT"', "0"],
-    ]
-    counter.refresh_from_db()
-    assert counter.resource_version == 2 and Change.objects.get().resource_version == 2
+    write = next(n for n, line in enumerate(sent) if line[2] == "Parse" and 'WITH "old"' in line[3])
+    # Everything from the write to the next sync: the client's messages only, the COMMIT among them.
+    flight = sent[write : write + next(n for n, line in enumerate(sent[write:]) if line[2] == "Sync")]
+    assert {line[0] for line in flight} == {"F"}
+    assert [line[3].split()[1] for line in flight if line[2] == "Parse"][1:] == ['"COMMIT"']
+    assert written.value == 1 and written.resource_version == 2
+    assert Change.objects.get().resource_version == 2 and JobControl.objects.get().payload["after"]["value"] == 1
+
+
+def test_a_last_write_needs_a_pipelined_transaction_and_writes_nothing_without_one(api_alice: Writer) -> None:
+    counter = Counter.objects.create(name="c")
+    for outside in (contextlib.nullcontext(), transaction.atomic()):
+        with outside, pytest.raises(transaction.TransactionManagementError, match="pipelined_transaction"):
+            writes.update(counter, {"value": 1}, api_alice, expected_version=1, last=True)
+    assert Counter.objects.get().resource_version == 1 and not Change.objects.exists()
 
 
 def test_a_pipelined_transaction_is_refused_inside_another_transaction(api_alice: Writer) -> None:

@@ -7,7 +7,7 @@ class JobsConfig(AppConfig):
     verbose_name = "Jobs"
 
     def ready(self) -> None:
-        # The store knows no job: it announces its writes, and a running job's are handed to the job.
+        # The store knows no job: a listener's statements run in its writes, and hand a running job's to the job.
         from occviz.jobs.outside_writes import hand_to_job
         from occviz.store.writes import add_listener
 

@@ -8,6 +8,7 @@ races the worker picking the job up has exactly one winner.
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from typing import Any
 
 from django.conf import settings
@@ -125,17 +126,6 @@ class Job(models.Model):
         control._state.db = db.alias
         return control
 
-    @staticmethod
-    def hand_over(job_id: int, action: str, *, user: Any = None, payload: dict[str, Any] | None = None) -> None:
-        """Ask job `job_id` for a control as `request_control` does, without reading the answer (none is stored if
-        the job ended).
-
-        For an outside write, which asks with the object's row locked: in a pipeline
-        (`occviz.store.writes.pipelined`) this waits for no round trip of its own, and no Job is made for it.
-        """
-        with connections[router.db_for_write(JobControl)].cursor() as cursor:
-            _store_control(cursor, _control(job_id, action, user=user, payload=payload))
-
 
 def _control(
     job_id: int,
@@ -155,21 +145,50 @@ def _control(
 
 def _store_control(cursor: Any, control: JobControl) -> None:
     """The one statement that moves the job's count and stores `control`, while the job runs (its id returned)."""
-    values = rows.values_of(control, rows.fields_to_insert(JobControl, False), cursor.db)
-    cursor.execute(_store_control_sql(cursor.db.alias), [control.job_id, Job.Status.RUNNING, *values])
+    fields = _control_values()
+    values = rows.values_of(control, fields, cursor.db)
+    cursor.execute(_store_control_sql(cursor.db.alias), [control.job_id, *values])
+
+
+@functools.cache
+def _control_values() -> tuple[models.Field[Any, Any], ...]:
+    """The fields of a control stored with values of its own: all but its job (the job moved)."""
+    return tuple(field for field in rows.fields_to_insert(JobControl, False) if field.name != "job")
 
 
 @functools.cache
 def _store_control_sql(alias: str) -> str:
-    """`_store_control`'s statement, made once per database (a hand-off is made with a row locked)."""
+    """`_store_control`'s statement, made once per database."""
     connection = connections[alias]
+    values = {field.name: f"%s::{field.db_type(connection)}" for field in _control_values()}
+    (moved, bump), (_, store) = control_statements(connection, "%s", values)
+    return f'WITH "{moved}" AS ({bump}) {store} RETURNING id'
+
+
+def control_statements(
+    connection: Any, job: str, values: Mapping[str, str], source: str | None = None, moved: str = "moved"
+) -> list[tuple[str, str]]:
+    """The two statements that store a control: (name, statement) pairs, as CTEs of one statement run them.
+
+    The first, `moved`, bumps the count of controls of job `job` (SQL), if it runs; the second
+    stores a control of that job with `values` (SQL, by field name; every field but the job).
+    `source` names a row source both read from (`job` and `values` may name its columns).
+    """
     fields = rows.fields_to_insert(JobControl, False)
-    return (
-        "WITH moved AS (UPDATE jobs_job SET controls_requested = controls_requested + 1"
-        "               WHERE id = %s AND status = %s RETURNING id)"
-        f" INSERT INTO jobs_jobcontrol ({rows.columns_of(fields, connection)})"
-        f" SELECT {', '.join(f'%s::{field.db_type(connection)}' for field in fields)} FROM moved RETURNING id"
-    )
+    selected = ", ".join(f'"{moved}"."id"' if field.name == "job" else values[field.name] for field in fields)
+    joined = f' FROM "{source}"' if source else ""
+    return [
+        (
+            moved,
+            f"UPDATE jobs_job SET controls_requested = controls_requested + 1{joined}"
+            f" WHERE jobs_job.id = {job} AND jobs_job.status = '{Job.Status.RUNNING}' RETURNING jobs_job.id",
+        ),
+        (
+            f"{moved}_stored",
+            f"INSERT INTO jobs_jobcontrol ({rows.columns_of(fields, connection)})"
+            f' SELECT {selected} FROM "{moved}"{f', "{source}"' if source else ""}',
+        ),
+    ]
 
 
 class JobNotRunning(Exception):

@@ -10,7 +10,7 @@ the check (`none`'s blind write, `atomic`'s in-place increment) pass ANY as the
 expected version, so even they move the version and the cost of skipping the
 check stays visible. A hot loop takes its Swap once (`swap_for`) and runs it per write.
 A writer that logs what it overwrote (the admin's, the API's: `occviz.store.writes`) runs the
-same SET as `swap_locked`, which also returns the row as it was before, in the same statement.
+same SET in a statement that also locks the row and logs the write (`occviz.store.statements`).
 
 A change is a value, an `Add` computed by the database from the current value, or
 `NOW`, the database's clock at the write. `NOW` in `returning` returns that clock
@@ -103,7 +103,7 @@ class Swap:
         self.check_version = check_version
         sets = []
         table = f'"{meta.db_table}"'
-        # The right-hand side names the table's column: a statement that joins another row source (swap_locked) may
+        # The right-hand side names the table's column: a statement that joins another row source (store.statements) may
         # have a column of the same name.
         for field, bind in zip(self.fields, self._binds, strict=True):
             column = f'"{field.column}"'
@@ -169,7 +169,7 @@ def swap_for(
     return Swap(model, columns, check_version, returning)
 
 
-def _columns(changes: Mapping[str, Any]) -> tuple[tuple[str, bool | Now], ...]:
+def shape_of(changes: Mapping[str, Any]) -> tuple[tuple[str, bool | Now], ...]:
     return tuple((name, value if isinstance(value, Now) else isinstance(value, Add)) for name, value in changes.items())
 
 
@@ -191,74 +191,5 @@ def compare_and_swap(
     cursor, or a writer's PreparedSession); its `db` is the connection the values
     are prepared for.
     """
-    swap = swap_for(model, _columns(changes), expected_version is not ANY, tuple(returning))
+    swap = swap_for(model, shape_of(changes), expected_version is not ANY, tuple(returning))
     return swap.run(pk, expected_version, changes.values(), cursor=cursor, using=using)
-
-
-@dataclass(frozen=True, slots=True)
-class LockedSwap:
-    """What `swap_locked` found and did: every column before and after the write, and the number it drew."""
-
-    before: tuple[Any, ...]
-    """The row as it was locked: the newest version, whatever the writer had read."""
-    number: int
-    after: tuple[Any, ...] | None
-    """The row as written; None if its version was not the one expected (a conflict: nothing written)."""
-
-
-def swap_locked(
-    model: type[models.Model],
-    pk: Any,
-    expected_version: int | object,
-    changes: Mapping[str, Any],
-    *,
-    draw: tuple[str, str],
-    using: str = "default",
-) -> LockedSwap | None:
-    """Lock row `pk`, draw a number, and apply `changes` if the row's version is `expected_version`: one statement.
-
-    The row is held for that one round trip (and whatever the caller's transaction does next),
-    instead of one for the lock, one for the write and one to read what was there before.
-    The number comes from the sequence of the column `draw` (table, column), drawn once the
-    row is locked: the numbers drawn for one row follow the order its writers held it in, as the
-    ids of a log of its writes must. The columns come back as the database gives them (for
-    `model._meta.concrete_fields`, in order). None if there is no row `pk` (nothing drawn then).
-    """
-    columns = _columns(changes)
-    swap = swap_for(model, columns, False)
-    sql = _locked_swap_sql(model, columns, expected_version is not ANY)
-    connection = connections[using]
-    params = [*draw, pk, *swap.assigned(changes.values(), connection)]
-    if expected_version is not ANY:
-        params.append(expected_version)
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        row = cursor.fetchone()
-    if row is None:
-        return None
-    count = len(model._meta.concrete_fields)
-    after = row[count + 1 :]
-    return LockedSwap(row[:count], row[count], None if after[0] is None else after)
-
-
-@functools.cache
-def _locked_swap_sql(
-    model: type[models.Model], columns: tuple[tuple[str, bool | Now], ...], check_version: bool
-) -> str:
-    """`swap_locked`'s statement for one shape of write, built once (like `swap_for`'s)."""
-    meta = model._meta
-    swap = swap_for(model, columns, False)
-    table, pk_column = f'"{meta.db_table}"', f'"{meta.pk.column}"'
-    names = [f'"{field.column}"' for field in meta.concrete_fields]
-    check = ' AND "old"."resource_version" = %s' if check_version else ""
-    # The locking subquery is its own plan node, so the number is drawn after the lock, not while waiting
-    # for it; the UPDATE reads the locked row through "old", so it runs after the lock, on the newest version.
-    return (
-        f'WITH "old" AS (SELECT {", ".join(f'"locked".{name}' for name in names)},'
-        f' nextval(pg_get_serial_sequence(%s, %s)) AS "drawn"'
-        f' FROM (SELECT * FROM {table} WHERE {pk_column} = %s FOR UPDATE) AS "locked"),'
-        f' "new" AS (UPDATE {table} SET {swap.assignments} FROM "old"'
-        f' WHERE {table}.{pk_column} = "old".{pk_column}{check}'
-        f" RETURNING {', '.join(f'{table}.{name}' for name in names)})"
-        ' SELECT * FROM "old" LEFT JOIN "new" ON TRUE'
-    )

@@ -1,14 +1,11 @@
 """Rows read and inserted by statements made once per model and database, for a hot path.
 
 `Model.save()`, Django's `InsertQuery` and a queryset build their SQL anew for every row,
-and a queryset makes a model of every field it reads. A writer that inserts its log while it
-holds a contended row (a student's press: the Change, the job's hand-off) pays for that
-building with the row locked, and every writer queued behind it waits as long; a web process
-answering a class's presses pays for it on the cores the job's writers use. Here an INSERT is
-built once (`insert_sql`), and each row only has its values prepared (`values_of`, as `save()`
-prepares them); `insert` reads no answer, so in a pipeline (`occviz.store.writes.pipelined`)
-it waits for no round trip either. `from_row` makes the model a queryset would make of a row,
-from the columns a statement of one's own selected.
+and a queryset makes a model of every field it reads: a web process answering a class's
+presses pays for that on the cores the job's writers use. A statement of one's own names
+the columns (`fields_to_insert`, `columns_of`), has each row's values prepared as `save()`
+prepares them (`values_of`), and `from_row` makes the model a queryset would make of a row
+from the columns it selected.
 """
 
 from __future__ import annotations
@@ -37,31 +34,11 @@ def columns_of(
     return ", ".join(f"{qualifier}{quote(cast(str, field.column))}" for field in fields)
 
 
-@functools.cache
-def insert_sql(model: type[models.Model], alias: str) -> str:
-    """`INSERT INTO <table> (<every concrete field's column>) VALUES (%s, ...)`, primary key included."""
-    connection = connections[alias]
-    fields = fields_to_insert(model, True)
-    return (
-        f"INSERT INTO {connection.ops.quote_name(model._meta.db_table)} ({columns_of(fields, connection)})"
-        f" VALUES ({', '.join(['%s'] * len(fields))})"
-    )
-
-
 def values_of(
     obj: models.Model, fields: tuple[models.Field[Any, Any], ...], connection: BaseDatabaseWrapper
 ) -> list[Any]:
     """`obj`'s values for `fields`, prepared as `save()` prepares a new row's (defaults, auto_now_add...)."""
     return [field.get_db_prep_save(field.pre_save(obj, add=True), connection) for field in fields]
-
-
-def insert(obj: models.Model, *, using: str) -> None:
-    """Insert `obj`, whose primary key is set, reading no answer; `obj` is then as `save()` leaves a new row."""
-    model = type(obj)
-    connection = connections[using]
-    with connection.cursor() as cursor:
-        cursor.execute(insert_sql(model, using), values_of(obj, fields_to_insert(model, True), connection))
-    obj._state.adding, obj._state.db = False, using
 
 
 def from_row[M: models.Model](

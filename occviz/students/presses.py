@@ -209,18 +209,17 @@ def _write(job: Job, student: Student, stored: VersionedObject, changes: dict[st
     writer = writes.Writer(Change.Via.STUDENT, student.nickname)
     read = stored.resource_version
     try:
-        # The web process's event loop sends frames to every page meanwhile: each statement's result must
-        # not wait its switch interval for the interpreter lock while the object is locked. In a pipelined
-        # transaction, the object is held for two round trips: the statement that locks and writes it, then the
-        # rest with the commit.
+        # The web process's event loop sends frames to every page meanwhile: the job's answer must not wait its
+        # switch interval for the interpreter lock. The object is held for one statement: the write, which
+        # logs itself and hands itself to the job, goes with the commit.
         with quick_handoffs(), writes.pipelined_transaction():
             # Short of the object's lock, give way (a job settling its accounts holds it, and waits for
             # the job's row that this press holds): the press is refused, and the job goes on.
             if not _hold_the_job(job):
                 raise _TooLate
             try:
-                written = writes.update(stored, changes, writer, expected_version=ANY if blind else read)
-            except VersionConflict as conflict:  # caught in here, so the refusal's record commits
+                written = writes.update(stored, changes, writer, expected_version=ANY if blind else read, last=True)
+            except VersionConflict as conflict:  # the refusal's record is committed with it
                 now = conflict.stored.resource_version if conflict.stored is not None else "?"
                 return Pressed(
                     409,
