@@ -7,6 +7,7 @@ pressing from threads of their own, as a class does.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
@@ -31,7 +32,7 @@ from occviz.store.models import Change, Counter
 from occviz.students import roster
 from occviz.students.models import MAX_STUDENTS_PER_JOB, Student, StudentLink
 from occviz.students.presses import MAX_PRESSES_PER_S
-from occviz.students.tokens import token_for
+from occviz.students.tokens import LinkRefused, token_for
 from tests.helpers import events
 from tests.test_outside_writes import OutsideIncrementer
 
@@ -458,6 +459,35 @@ async def test_a_link_revoked_while_its_sockets_are_open_closes_them_with_4403(
     assert error["code"] == 4403 and "revoked" in error["error"]
     closing = await communicator.receive_output(timeout=10)
     assert closing["type"] == "websocket.close" and closing["code"] == 4403
+
+
+@pytest.mark.asyncio
+async def test_the_sockets_on_one_link_share_its_rechecks(alice: User, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A class's sockets recheck their link with one read between them, and a revoke is seen once it is FRESH_S old."""
+    from asgiref.sync import sync_to_async
+
+    from occviz.students import consumers
+
+    reads: list[str] = []
+    real_read = consumers.read_for_handshake
+
+    async def counted(fn: Any, token: str) -> Any:
+        reads.append(token)
+        return await real_read(fn, token)
+
+    monkeypatch.setattr(consumers, "read_for_handshake", counted)
+    monkeypatch.setattr(consumers._LinkChecks, "FRESH_S", 0.3)
+    job = await sync_to_async(_job)(alice)
+    link, token = await sync_to_async(_link)(job)
+    _, other = await sync_to_async(_link)(job)
+    checks = consumers._LinkChecks()
+    found = await asyncio.gather(*(checks.job_of(token) for _ in range(20)), checks.job_of(other))
+    assert found == [job.pk] * 21 and reads == [token, other]
+    assert await sync_to_async(link.revoke)()
+    assert await checks.job_of(token) == job.pk and len(reads) == 2  # read less than FRESH_S ago
+    await asyncio.sleep(0.35)
+    refused = await checks.job_of(token)
+    assert isinstance(refused, LinkRefused) and "revoked" in refused.reason and len(reads) == 3
 
 
 async def _seated_socket(token: str, seat: str | None) -> WebsocketCommunicator:

@@ -92,10 +92,10 @@ def pipelined(using: str = "default") -> Iterator[None]:
     """Inside, statements whose answer nobody reads wait to be sent with the next one that is read, or the end.
 
     PostgreSQL's pipeline mode, inside a caller's transaction (entered outside one, Django's
-    start and end of the transaction would each cost a round trip of their own): there, an
-    `update` holds its row for the statement that locks and writes it, one round trip for the
-    Change and what the listeners write, and the commit; not one round trip each. An error is
-    raised where an answer is read: at the latest, when the block ends.
+    start and end of the transaction would each cost a round trip of their own): there, the
+    statements a caller sends before the one it reads (setting its timeouts, locking another row)
+    go with that one, not one round trip each. An error is raised where an answer is read: at
+    the latest, when the block ends.
     """
     connection = connections[using]
     connection.ensure_connection()

@@ -3,7 +3,9 @@
 It is JobEventsConsumer in every respect but who may open it: the token names the job (never
 the path, never a session user), and an altered, revoked or expired token is closed with 4403.
 The token is checked again while the socket is open, every RECHECK_S, so a link revoked or
-expired during the lesson closes its students' sockets too.
+expired during the lesson closes its students' sockets too. The sockets of one web process
+that opened the same link share those reads (`_LinkChecks`): a class on one link costs one
+read a second at most, not one a socket.
 
 A seated student presses +1 over the same socket: `{"type": "press", "id": N}` (the id is the
 page's, optional) is answered `{"type": "pressed", "id": N, "status": ..., "ok": ..., "message":
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from typing import Any
 
 from occviz.live.consumers import JobEventsConsumer
@@ -31,6 +34,32 @@ def _job_of_token(token: str) -> int | LinkRefused:
         return open_link(token).job_id
     except LinkRefused as refused:
         return refused
+
+
+class _LinkChecks:
+    """The latest read of each link, shared by this process's sockets: read again once FRESH_S old.
+
+    Sockets asking while a read is under way wait for that read rather than start their own.
+    """
+
+    FRESH_S = 1.0
+
+    def __init__(self) -> None:
+        self._latest: dict[str, tuple[float, asyncio.Future[int | LinkRefused]]] = {}
+
+    async def job_of(self, token: str) -> int | LinkRefused:
+        now = time.monotonic()
+        loop = asyncio.get_running_loop()
+        found = self._latest.get(token)
+        if found is None or now - found[0] > self.FRESH_S or found[1].get_loop() is not loop:
+            # Only the links read within FRESH_S are kept: the few a process's classes are on.
+            self._latest = {key: kept for key, kept in self._latest.items() if now - kept[0] <= self.FRESH_S}
+            found = self._latest[token] = (now, asyncio.ensure_future(read_for_handshake(_job_of_token, token)))
+        # Shielded: a socket closing while it waits does not cancel the read the others wait for.
+        return await asyncio.shield(found[1])
+
+
+_link_checks = _LinkChecks()
 
 
 def _id_of(value: Any) -> int | None:
@@ -88,7 +117,7 @@ class StudentEventsConsumer(JobEventsConsumer):
         """Close with 4403 once the link is revoked or expires (or its job is deleted)."""
         while True:
             await asyncio.sleep(self.RECHECK_S)
-            found = await read_for_handshake(_job_of_token, self.token)
+            found = await _link_checks.job_of(self.token)
             if isinstance(found, LinkRefused):
                 await self.stop_following()
                 await self.refuse(CLOSE_LINK_REFUSED, found.reason)

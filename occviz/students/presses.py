@@ -209,9 +209,9 @@ def _write(job: Job, student: Student, stored: VersionedObject, changes: dict[st
     writer = writes.Writer(Change.Via.STUDENT, student.nickname)
     read = stored.resource_version
     try:
-        # The web process's event loop sends frames to every page meanwhile: the job's answer must not wait its
-        # switch interval for the interpreter lock. The object is held for one statement: the write, which
-        # logs itself and hands itself to the job, goes with the commit.
+        # The web process's event loop sends frames to every page meanwhile: with the job's row held, its answer
+        # must not wait a switch interval for the interpreter lock. The object is held for one statement and
+        # the commit: the write, which logs itself and hands itself to the job, goes with the COMMIT.
         with quick_handoffs(), writes.pipelined_transaction():
             # Short of the object's lock, give way (a job settling its accounts holds it, and waits for
             # the job's row that this press holds): the press is refused, and the job goes on.
