@@ -9,11 +9,13 @@ admin, the API) with `on_outside_write`, each outside writer on a lane of its ow
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from datetime import datetime
 from typing import Any
 
 from django.conf import settings
@@ -25,6 +27,7 @@ from occviz.jobs.models import Job, JobControl
 from occviz.jobs.recorder import EventRecorder
 from occviz.jobs.shards import Shard, ShardStopped
 from occviz.jobs.snapshots import snapshot_or_empty
+from occviz.store import rows
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +40,25 @@ SETTLE_LOCK_TIMEOUT = "100ms"
 ControlHandler = Callable[[str, int | None, float | None], None]
 # A write to one of the job's objects from outside it (the admin, the API), as store.writes describes it.
 OutsideWriteHandler = Callable[[dict[str, Any]], None]
+
+
+_DELIVERED = rows.fields_named(JobControl, "id", "action", "actor", "seconds", "payload")
+"""The fields of a control its delivery reads."""
+
+_APPLIED_SQL = (
+    "UPDATE jobs_jobcontrol SET outcome = applied.outcome, applied_at = applied.at"
+    " FROM unnest(%s::bigint[], %s::text[], %s::timestamptz[]) AS applied(id, outcome, at)"
+    " WHERE jobs_jobcontrol.id = applied.id"
+)
+
+
+@functools.cache
+def _pending_sql(alias: str) -> str:
+    """The job's controls not yet applied, in order, claimed (those another delivery holds are skipped)."""
+    return (
+        f"SELECT {rows.columns_of(_DELIVERED, connections[alias])} FROM jobs_jobcontrol"
+        " WHERE job_id = %s AND applied_at IS NULL ORDER BY id FOR UPDATE SKIP LOCKED"
+    )
 
 
 class JobContext:
@@ -138,22 +160,23 @@ class JobContext:
     def _deliver_controls(self) -> None:
         # Claimed under their rows' locks and marked applied with their outcomes in one write: a control
         # is handled once, and nobody sees it applied before they can see whether it was refused. All that
-        # are waiting at once, in four statements: a class pressing sends dozens a second, and each
-        # statement is time the job's own writers wait for the interpreter lock.
+        # are waiting at once, in four statements made once: a class pressing sends dozens a second, and
+        # each one's Python is time the job's own writers wait for the interpreter lock.
         failed: Exception | None = None
-        with transaction.atomic():
-            pending = JobControl.objects.select_for_update(skip_locked=True).filter(job_id=self.job.pk, applied_at=None)
-            applied = []
-            for control in pending.order_by("id"):
+        applied: list[tuple[int, str, datetime]] = []
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(_pending_sql(connection.alias), [self.job.pk])
+            for row in cursor.fetchall():
+                control = rows.from_row(JobControl, connection.alias, _DELIVERED, row)
                 try:
-                    control.outcome = self._apply(control)
+                    outcome = self._apply(control)
                 except Exception as error:  # raised once those before it are stored as applied; it and the rest wait
                     failed = error
                     break
-                control.applied_at = timezone.now()
-                applied.append(control)
+                applied.append((control.pk, outcome, timezone.now()))
             if applied:
-                JobControl.objects.bulk_update(applied, ["outcome", "applied_at"])
+                ids, outcomes, times = (list(column) for column in zip(*applied, strict=True))
+                cursor.execute(_APPLIED_SQL, [ids, outcomes, times])
         if failed is not None:
             raise failed
 

@@ -25,6 +25,11 @@ def fields_to_insert(model: type[models.Model], with_pk: bool) -> tuple[models.F
     return tuple(field for field in model._meta.concrete_fields if with_pk or not field.primary_key)
 
 
+def fields_named(model: type[models.Model], *names: str) -> tuple[models.Field[Any, Any], ...]:
+    """The concrete fields of `model` named, in that order (a statement's columns, for `columns_of` and `from_row`)."""
+    return tuple(cast(models.Field[Any, Any], model._meta.get_field(name)) for name in names)
+
+
 def columns_of(
     fields: Sequence[models.Field[Any, Any]], connection: BaseDatabaseWrapper, table: str | None = None
 ) -> str:

@@ -23,9 +23,9 @@ import functools
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Final, cast
+from typing import Any, Final
 
-from django.db import OperationalError, connection, connections, models
+from django.db import OperationalError, connection, connections
 
 from occviz.jobs.affinity import quick_handoffs
 from occviz.jobs.models import Job
@@ -126,14 +126,10 @@ def read_for_seat(token: str, cookies: Mapping[str, str]) -> Read | Pressed:
     return read_for_press(job, rows.from_row(Student, db, _STUDENT_FIELDS, row[job_end:]))
 
 
-def _fields(model: type[models.Model], *names: str) -> tuple[models.Field[Any, Any], ...]:
-    return tuple(cast(models.Field[Any, Any], model._meta.get_field(name)) for name in names)
-
-
-_LINK_FIELDS: Final = _fields(StudentLink, "id", "job", "expires", "revoked")
-_JOB_FIELDS: Final = _fields(Job, "id", "status", "outside_writes_closed_at", "scenario", "params")
+_LINK_FIELDS: Final = rows.fields_named(StudentLink, "id", "job", "expires", "revoked")
+_JOB_FIELDS: Final = rows.fields_named(Job, "id", "status", "outside_writes_closed_at", "scenario", "params")
 """What a press reads of its job (the rest is deferred): whether it takes writes, and how."""
-_STUDENT_FIELDS: Final = _fields(Student, "id", "job", "nickname")
+_STUDENT_FIELDS: Final = rows.fields_named(Student, "id", "job", "nickname")
 
 
 @functools.cache
