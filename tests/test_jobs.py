@@ -8,14 +8,16 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
-from django.db import connections
+from django.db import connection, connections, transaction
 from django_tasks_db.models import DBTaskResult
 
 from occviz.concurrency.writer import ActorContext
 from occviz.jobs.models import Event, EventBatch, Job
+from occviz.jobs.recorder import BATCH_COLUMNS, _insert_batch
 from occviz.jobs.runner import run_job
 from occviz.jobs.tasks import create_job, launch
 from tests.conftest import ROOT
@@ -76,6 +78,46 @@ def test_a_job_deleted_while_running_stops_and_leaves_no_events_behind() -> None
     assert not runner.is_alive(), "the actors must stop once their job is deleted"
     assert not Event.objects.filter(job_id=job.pk).exists()
     assert not Job.objects.filter(pk=job.pk).exists()
+
+
+def test_a_job_deleted_while_its_recorder_stores_a_batch_is_deleted_with_the_batch() -> None:
+    """The recorder holds the job's row while it stores a batch; a deletion then waits for it, and takes the batch."""
+    job = Job.objects.create(scenario="counter", status=Job.Status.RUNNING)
+    columns: dict[str, list[Any]] = {name: [None if nullable else 0] for name, (_, nullable) in BATCH_COLUMNS.items()}
+    columns |= {"kind": ["committed"], "detail": [None]}
+    held, go = threading.Event(), threading.Event()
+    deleted: list[object] = []
+
+    def store_a_batch() -> None:
+        try:
+            with transaction.atomic(), connection.cursor() as cursor:
+                cursor.execute("UPDATE jobs_job SET last_seq = last_seq + 1 WHERE id = %s", [job.pk])
+                _insert_batch(job.pk, 1, 1, columns)
+                held.set()
+                go.wait(10)
+        finally:
+            connection.close()
+
+    def delete() -> None:
+        try:
+            deleted.append(Job.objects.filter(pk=job.pk).delete())
+        except Exception as error:
+            deleted.append(error)
+        finally:
+            connection.close()
+
+    recorder = threading.Thread(target=store_a_batch)
+    recorder.start()
+    assert held.wait(10)
+    deleter = threading.Thread(target=delete)
+    deleter.start()
+    deleter.join(0.5)
+    assert deleter.is_alive(), "the deletion waits for the job's row"
+    go.set()
+    recorder.join(10)
+    deleter.join(10)
+    assert deleted and not isinstance(deleted[0], Exception), deleted
+    assert not Job.objects.filter(pk=job.pk).exists() and not EventBatch.objects.filter(job_id=job.pk).exists()
 
 
 def test_a_job_cancelled_while_queued_never_runs() -> None:

@@ -127,6 +127,18 @@ class Job(models.Model):
         return control
 
 
+def hold_before_deleting(sender: type[Job], instance: Job, using: str, **kwargs: Any) -> None:
+    """Lock a job's row as its deletion starts, before its events and controls are deleted (Job's pre_delete).
+
+    A running job's recorder stores a batch with the job's row locked, and a control is stored
+    the same way: one that committed after its rows were deleted, before the job's, would still
+    refer to the job, and the deletion would fail on the foreign key. Held first, the row waits
+    for such a write to commit, so the rows deleted after it include it; a later one finds no job.
+    """
+    with connections[using].cursor() as cursor:
+        cursor.execute("SELECT 1 FROM jobs_job WHERE id = %s FOR UPDATE", [instance.pk])
+
+
 def _control(
     job_id: int,
     action: str,
