@@ -16,8 +16,8 @@ meanwhile. The object's fields go into the log as JSON made by the database, as 
 makes them in Python (datetimes as DjangoJSONEncoder writes them, in UTC to the millisecond).
 
 A listener gives statements of its own to run in every write's (`Listener`): data-modifying
-statements without parameters, over the one row of "notice" (none for a write that was not
-logged, as a dry run's or a refusal of a version no object can have). "notice"'s columns:
+statements without parameters, over the one row of "notice" (none for a refusal of a version no
+object can have, which is not logged; a dry run's statement has no listener's). "notice"'s columns:
 
 - `change`: the Change's id; `type`: MODIFIED, DELETED or CONFLICT; `at`: when it was written;
 - `owner_job`: the job that made the object (NULL if none did); `user_id`: the writer's user, if any;
