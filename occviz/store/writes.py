@@ -178,9 +178,10 @@ def update[V: VersionedObject](
     `last`, the write is the last statement of the caller's `pipelined_transaction`, and its
     commit goes with it: the row is held for no round trip of its own.
     """
-    # A refusal logs the values sent over the fields stored (an Add or NOW is no value of a field).
+    # A refusal logs the values sent over the fields stored (an Add or NOW is no value of a field);
+    # a blind write is never refused.
     sent = {name: value for name, value in changes.items() if not isinstance(value, (Add, Now))}
-    attempted = json.dumps(sent, cls=DjangoJSONEncoder)
+    attempted = "{}" if expected_version is ANY else json.dumps(sent, cls=DjangoJSONEncoder)
     return _write(
         obj, Change.Type.MODIFIED, shape_of(changes), changes.values(), writer, expected_version, attempted, last
     )
@@ -230,10 +231,10 @@ def _write[V: VersionedObject](
     if row is None:
         raise model.DoesNotExist(f"{model.__name__} {obj.pk} does not exist")
     fields = model._meta.concrete_fields
-    stored = rows.from_row(model, db, fields, row[: len(fields)])
     after = row[len(fields) + 1 :]
     if after[0] is not None:
         return rows.from_row(model, db, fields, after)
+    stored = rows.from_row(model, db, fields, row[: len(fields)])
     conflict = VersionConflict(stored, expected_version)
     conflict.stored = stored
     raise conflict
