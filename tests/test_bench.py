@@ -55,3 +55,17 @@ def test_a_small_class_on_a_student_link_sees_every_event_and_every_press_is_cou
     assert not counted.startswith("every press counted on its lane: 0 acknowledged"), "no press landed"
     assert figures["commits_per_s_alone_runs"][0] > 0 and figures["commits_per_s_watched_runs"][0] > 0
     assert figures["latency_ms"]["p95"] is not None
+
+
+def test_the_floors_bare_writers_over_two_processes_lose_no_update_and_report_their_writes(database_url: str) -> None:
+    from occviz.bench.floor import floor_commits_per_s
+    from occviz.store.models import Counter
+
+    counter = Counter.objects.create(namespace="bench-test", name="floor")
+    version_before = counter.resource_version
+    rate = floor_commits_per_s(counter.pk, writers=3, seconds=1, processes=2)
+    counter.refresh_from_db()
+    assert counter.value > 0, "the writers wrote nothing"
+    # Every write was a compare-and-swap of the value read + 1: each moved the version by one, none was lost.
+    assert counter.resource_version - version_before == counter.value
+    assert rate == counter.value  # over 1 s, and nothing wrote before the release

@@ -2,8 +2,11 @@
 
 engine: pgbench runs the engine's own read + compare-and-swap transaction (the SQL of
 `compare_and_swap`) on one hot row with N clients; then `runjob` runs the `occ`
-counter race with N writers on the same PostgreSQL. Rounds alternate, so a noisy
-machine slows both sides alike; the figure that matters is their ratio.
+counter race with N writers on the same PostgreSQL; then the floor (`occviz.bench.floor`):
+N bare Python writers running the same two statements and recording nothing, over as many
+processes as the job. Rounds alternate, so a noisy machine slows every side alike; the
+figures that matter are the ratios. The floor's ratio is what a Python client reaches on this
+machine at all: the job's gap below it is occviz's own.
 
 streaming: one job watched by 50 websocket clients of the JSON stream against the same
 job unwatched (`occviz.bench.streaming.streaming_bench`), and the event-to-client latency.
@@ -45,6 +48,7 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from occviz.bench.floor import FloorFailed, floor_commits_per_s
 from occviz.management.schema import apply_migrations
 from occviz.pgbench import PgbenchUnavailable, run_pgbench
 from occviz.store.models import Counter
@@ -182,8 +186,11 @@ class Command(BaseCommand):
                 f"\nEngine: one hot row, {writers} concurrent writers{over}, {seconds:g} s a run, {rounds} rounds\n"
                 f"  pgbench (same read + compare-and-swap): {_list(engine['pgbench_commits_per_s'])} commits/s\n"
                 f"  runjob counter --strategy occ:           {_list(engine['runjob_occ_commits_per_s'])} commits/s\n"
+                f"  bare writers (the floor, nothing recorded): {_list(engine['floor_commits_per_s'])} commits/s\n"
                 f"  ratio runjob / pgbench: {_list(engine['ratio_per_round'], '.2f')} "
-                f"(median {engine['ratio_median']:.2f}; target >= 0.80)"
+                f"(median {engine['ratio_median']:.2f}; target >= 0.80)\n"
+                f"  ratio floor / pgbench:  {_list(engine['floor_ratio_per_round'], '.2f')} "
+                f"(median {engine['floor_ratio_median']:.2f})"
             )
         if "streaming" in figures:
             self._streaming("Streaming", "websocket clients of the JSON stream", figures["streaming"], 0.9, 250)
@@ -278,15 +285,22 @@ class Command(BaseCommand):
         counter, _ = Counter.objects.get_or_create(namespace="bench", name="pgbench-hot")
         pgbench_rates: list[float] = []
         engine_rates: list[float] = []
+        floor_rates: list[float] = []
         if processes is not None:
             processes = min(processes, writers)
         for round_number in range(1, rounds + 1):
             pgbench_rates.append(self._pgbench(counter.pk, writers, seconds, processes))
             engine_rates.append(self._runjob(writers, seconds, processes))
+            try:
+                floor_rates.append(floor_commits_per_s(counter.pk, writers, seconds, processes or 1))
+            except FloorFailed as error:
+                raise CommandError(str(error)) from None
             self.stderr.write(
-                f"round {round_number}: pgbench {pgbench_rates[-1]:.0f}/s, runjob occ {engine_rates[-1]:.0f}/s"
+                f"round {round_number}: pgbench {pgbench_rates[-1]:.0f}/s, runjob occ {engine_rates[-1]:.0f}/s, "
+                f"floor {floor_rates[-1]:.0f}/s"
             )
         ratios = [engine / reference for engine, reference in zip(engine_rates, pgbench_rates, strict=True)]
+        floor_ratios = [floor / reference for floor, reference in zip(floor_rates, pgbench_rates, strict=True)]
         return {
             "writers": writers,
             "processes": processes,
@@ -295,6 +309,9 @@ class Command(BaseCommand):
             "runjob_occ_commits_per_s": [round(rate, 1) for rate in engine_rates],
             "ratio_per_round": [round(ratio, 3) for ratio in ratios],
             "ratio_median": round(statistics.median(ratios), 3),
+            "floor_commits_per_s": [round(rate, 1) for rate in floor_rates],
+            "floor_ratio_per_round": [round(ratio, 3) for ratio in floor_ratios],
+            "floor_ratio_median": round(statistics.median(floor_ratios), 3),
             "target": 0.8,
         }
 
