@@ -141,6 +141,12 @@ def test_a_failover_is_a_key_moment_live_and_replay_says_the_same(page: Page, ap
     page.goto(f"{app_url}/jobs/{job.pk}/?present=1")
     expect(page.locator("#captions [data-caption]")).to_contain_text("Invariant holds")
     assert key_moments(page) == live
+    # The verdict has no time: its first word starts where the caption's line does, not after an empty time column.
+    indent = page.evaluate(
+        "document.querySelector('#captions [data-caption]').getClientRects()[0].left"
+        " - document.querySelector('#captions .caption-text').getBoundingClientRect().left"
+    )
+    assert indent < 2, indent
 
     # Replay reads the same stored events: dragged to the end, the same key moments and the verdict.
     page.goto(f"{app_url}/jobs/{job.pk}/replay/?present=1")
