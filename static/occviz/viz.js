@@ -530,20 +530,24 @@
       ctx.textAlign = "left";
       let labelX = left + 8;
       let labelY = top + px * 0.7;
+      let lines = 0;
       kinds.forEach((kind, k) => {
         const color = this.vocabulary.color(kind);
         const dash = RATE_DASHES[k % RATE_DASHES.length];
+        const values = series.rates[kind];
         ctx.strokeStyle = color;
         ctx.lineWidth = 2.5;
         ctx.setLineDash(dash);
+        // Each bin's rate at its middle; one bin alone (a run shorter than a bin, or its events all in the
+        // first) is a line across that bin, since a lone point draws nothing.
+        const points =
+          values.length === 1
+            ? [[x(0), y(values[0] * per)], [x(series.bin_ms), y(values[0] * per)]]
+            : values.map((count, i) => [x((i + 0.5) * series.bin_ms), y(count * per)]);
         ctx.beginPath();
-        series.rates[kind].forEach((count, i) => {
-          const px = x((i + 0.5) * series.bin_ms);
-          const py = y(count * per);
-          if (i === 0) ctx.moveTo(px, py);
-          else ctx.lineTo(px, py);
-        });
+        points.forEach(([px, py], i) => (i === 0 ? ctx.moveTo(px, py) : ctx.lineTo(px, py)));
         ctx.stroke();
+        if (points.length > 1) lines += 1;
         const label = this.vocabulary.kind(kind).label + "/s";
         const labelW = ctx.measureText(label).width + LEGEND_LINE;
         if (labelX > left + 8 && labelX + labelW > left + plotW) {
@@ -568,6 +572,8 @@
         ctx.lineTo(x(cursor), bottom);
         ctx.stroke();
       }
+      // How many kinds have a line drawn (readable from outside: tests, a curious user's dev tools).
+      canvas.dataset.lines = String(lines);
       if (canvas === this.canvas) drawn(canvas, (target) => this.draw(series, { yMax, xMaxMs, cursor }, target), { series, vocabulary: this.vocabulary });
     }
   }

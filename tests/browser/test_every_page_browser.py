@@ -13,7 +13,7 @@ import pytest
 from django.contrib.auth.models import User
 from playwright.sync_api import Page, expect
 
-from occviz.jobs.models import Job
+from occviz.jobs.models import Event, Job
 from occviz.jobs.tasks import create_job, run_job_task
 from occviz.scenarios import SCENARIOS
 from tests.browser.test_web_browser import job_status, sign_in
@@ -81,7 +81,26 @@ def test_no_page_of_any_job_shows_object_object_or_a_script_error(
                 found += read(page, app_url + shown.url(subject), SETTLED.get(shown.name), errors)
             for url in watch_urls(subject.job):
                 found += read(page, app_url + url, _polled, errors)
+            if state == "finished":
+                found += _rate_lines_missing(page, app_url, subject.job)
     assert found == []
+
+
+def _rate_lines_missing(page: Page, app_url: str, job: Job) -> list[str]:
+    """The finished job page's rate chart draws a line for every kind it charts that the job has events of.
+
+    A kind whose events all fall in one bin (a quota race admits its pods in its first 100 ms) is a line
+    across that bin: a lone point draws nothing.
+    """
+    charted = set(SCENARIOS[job.scenario].rates)
+    if not charted:
+        return []
+    had = set(Event.objects.filter(job=job, kind__in=charted).values_list("kind", flat=True))
+    page.goto(f"{app_url}/jobs/{job.pk}/")
+    _job_drawn(page)
+    page.wait_for_function("() => document.querySelector('canvas[data-rates]').dataset.lines !== undefined")
+    lines = int(page.locator("canvas[data-rates]").get_attribute("data-lines") or 0)
+    return [] if lines == len(had) else [f"job {job.pk} ({job.scenario}): {lines} rate lines for {sorted(had)}"]
 
 
 def test_no_lesson_page_shows_object_object_or_a_script_error(page: Page, app_url: str, teacher: User) -> None:
