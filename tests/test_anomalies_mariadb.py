@@ -87,6 +87,10 @@ T2: update test set value = 12 where id = 1
     waited = steps[-1]
     assert (waited["actor"], waited["outcome"], waited["blocked_by"]) == ("T2", "blocked", ["T1"])
     assert waited["then"] == "error" and waited["message"].startswith("1205: Lock wait timeout exceeded")
+    # Counted as a lock timeout, as PostgreSQL's 55P03 is, not as an error of any other kind.
+    summary = job.summary or {}
+    assert summary["lock_timeouts"] == 1 and summary["errors"] == 0, summary
+    assert "T2 timed out waiting for a lock (1205)" in summary["findings"]
     assert (job.summary or {})["final"] == {"1": 10, "2": 20}, "T1's open transaction was rolled back at the end"
 
 

@@ -169,6 +169,8 @@ def test_a_step_waits_at_most_the_lock_timeout() -> None:
     assert 1.0 <= time.monotonic() - started < 5.0
     waited = steps_at(job, 3)
     assert waited["outcome"] == "blocked" and waited["then"] == "error" and waited["sqlstate"] == "55P03"
+    assert job.summary["lock_timeouts"] == 1 and job.summary["errors"] == 0  # type: ignore[index]
+    assert "T2 timed out waiting for a lock (55P03)" in job.summary["findings"]  # type: ignore[index]
     assert job.summary["final"] == {"1": 10, "2": 20}, "T1's open transaction is rolled back at the end"  # type: ignore[index]
 
 

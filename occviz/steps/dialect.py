@@ -33,11 +33,15 @@ class Result:
 class StepFailed(Exception):
     """The database refused a step: its SQLSTATE and message, as the database worded it."""
 
-    def __init__(self, sqlstate: str | None, message: str, *, deadlock: bool | None = None) -> None:
+    def __init__(
+        self, sqlstate: str | None, message: str, *, deadlock: bool | None = None, lock_timeout: bool | None = None
+    ) -> None:
         self.sqlstate = sqlstate
         self.message = message
         self.deadlock = sqlstate == "40P01" if deadlock is None else deadlock
         """The database chose this step's transaction as a deadlock's victim (MySQL says so with 40001 too)."""
+        self.lock_timeout = sqlstate == "55P03" if lock_timeout is None else lock_timeout
+        """The step waited for a lock longer than its session allows (MySQL's 1205 has no SQLSTATE of its own)."""
         super().__init__(f"{sqlstate}: {message}" if sqlstate else message)
 
 

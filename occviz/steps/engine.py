@@ -83,6 +83,8 @@ class Outcome:
     """A commit of a transaction that had failed: the database rolled it back instead."""
     deadlock: bool = False
     """An error that made this step's transaction a deadlock's victim."""
+    lock_timeout: bool = False
+    """An error for a lock waited for longer than the session's lock timeout."""
     duration_ms: float = 0.0
     committed: list[Row] = field(default_factory=list)
     seen: dict[str, list[Row]] = field(default_factory=dict)
@@ -490,6 +492,7 @@ class Session:
                     sqlstate=failure.sqlstate,
                     message=failure.message,
                     deadlock=failure.deadlock,
+                    lock_timeout=failure.lock_timeout,
                     **fields,
                 )
             else:

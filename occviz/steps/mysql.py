@@ -135,7 +135,12 @@ def _failed(error: pymysql.MySQLError) -> StepFailed:
     args: tuple[Any, ...] = tuple(error.args)
     if len(args) >= 2 and isinstance(args[0], int):
         number, message = args[0], str(args[1])
-        return StepFailed(SQLSTATES.get(number, "HY000"), f"{number}: {message}", deadlock=number == DEADLOCK)
+        return StepFailed(
+            SQLSTATES.get(number, "HY000"),
+            f"{number}: {message}",
+            deadlock=number == DEADLOCK,
+            lock_timeout=number == LOCK_WAIT_TIMEOUT,
+        )
     return StepFailed(None, str(error))
 
 

@@ -38,7 +38,7 @@ IDLE_LIMIT_S = 30 * 60.0
 """A job stepped by hand ends after this long without a step."""
 _RELEASE_PATIENCE_S = 3.0
 
-_ERROR_KINDS = {"40001": "serialization_failure", "55P03": "lock_timeout"}
+_ERROR_KINDS = {"40001": "serialization_failure"}
 _DONE_KINDS = {
     StepKind.BEGIN: "begin",
     StepKind.READ: "read",
@@ -61,11 +61,20 @@ def conninfo() -> dict[str, Any]:
     return params
 
 
+def _error_code(outcome: Mapping[str, Any]) -> str:
+    """The error's SQLSTATE, or MySQL's number where its SQLSTATE is the catch-all HY000 ("1205")."""
+    sqlstate, message = outcome.get("sqlstate") or "", outcome.get("message") or ""
+    number = message.split(":", 1)[0]
+    return number if sqlstate in ("", "HY000") and number.isdigit() else sqlstate
+
+
 def event_kind(outcome: Outcome) -> str:
     if outcome.status == BLOCKED:
         return "blocked"
     if outcome.status == ERROR:
-        return "deadlock" if outcome.deadlock else _ERROR_KINDS.get(outcome.sqlstate or "", "step_error")
+        if outcome.deadlock:
+            return "deadlock"
+        return "lock_timeout" if outcome.lock_timeout else _ERROR_KINDS.get(outcome.sqlstate or "", "step_error")
     if outcome.resumed:
         return "resumed"
     if outcome.conflict:
@@ -275,7 +284,7 @@ def _findings(folded: StepFold) -> list[str]:
         elif outcome.get("kind") == "serialization_failure":
             found.append(f"{actor} got 40001 ({outcome.get('message')})")
         elif outcome.get("kind") == "lock_timeout":
-            found.append(f"{actor} timed out waiting for a lock (55P03)")
+            found.append(f"{actor} timed out waiting for a lock ({_error_code(outcome)})")
     found += sorted(set(folded.waits))
     for actor in folded.script.actors:
         if folded.actors.get(actor, {}).get("isolation"):
