@@ -20,6 +20,7 @@ standard error, and the floor raises with it.
 from __future__ import annotations
 
 import os
+import select
 import subprocess
 import sys
 import threading
@@ -75,11 +76,8 @@ def floor_commits_per_s(row_id: int, writers: int, seconds: float, processes: in
 
 def _wait_ready(child: subprocess.Popen[str]) -> None:
     assert child.stdout is not None
-    said: list[str] = []
-    reader = threading.Thread(target=lambda: said.append(child.stdout.readline()), daemon=True)  # type: ignore[union-attr]
-    reader.start()
-    reader.join(READY_TIMEOUT_S)
-    if not said or said[0].strip() != READY:
+    readable, _, _ = select.select([child.stdout], [], [], READY_TIMEOUT_S)
+    if not readable or child.stdout.readline().strip() != READY:
         child.kill()
         _, err = child.communicate()
         raise FloorFailed(f"a floor process never said it was ready: {err.strip() or 'no message'}")
@@ -90,7 +88,7 @@ def _run(row_id: int, threads: int, seconds: float) -> None:
     import django
 
     django.setup()
-    from occviz.scenarios.counter.actors import _CHECKED, _READ
+    from occviz.scenarios.counter.actors import CHECKED, READ
     from occviz.store.session import PreparedSession
 
     sessions = [PreparedSession() for _ in range(threads)]
@@ -102,11 +100,11 @@ def _run(row_id: int, threads: int, seconds: float) -> None:
     def write(session: PreparedSession) -> None:
         try:
             while time.perf_counter() < deadline:
-                found = session.one(_READ, [row_id])
+                found = session.one(READ, [row_id])
                 if found is None:
                     raise LookupError(f"counter {row_id} is gone")
                 value, version = found
-                _CHECKED.run(row_id, version, (value + 1,), cursor=session)
+                CHECKED.run(row_id, version, (value + 1,), cursor=session)
         except BaseException as error:
             failed.append(error)
 

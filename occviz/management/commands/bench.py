@@ -6,7 +6,7 @@ counter race with N writers on the same PostgreSQL; then the floor (`occviz.benc
 N bare Python writers running the same two statements and recording nothing, over as many
 processes as the job. Rounds alternate, so a noisy machine slows every side alike; the
 figures that matter are the ratios. The floor's ratio is what a Python client reaches on this
-machine at all: the job's gap below it is occviz's own.
+machine at all; the job's distance below it is what the job does besides the two statements.
 
 streaming: one job watched by 50 websocket clients of the JSON stream against the same
 job unwatched (`occviz.bench.streaming.streaming_bench`), and the event-to-client latency.
