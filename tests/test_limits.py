@@ -3,20 +3,23 @@
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import pytest
 from django import forms
 from django.contrib.auth.models import User
-from django.db import connections
+from django.db import connection, connections, transaction
 from django.test import Client
 from django_tasks_db.models import DBTaskResult
 
 from occviz.concurrency.retry import LONGEST_WAIT_MS, RetryPolicy, make_policy
-from occviz.jobs.models import Job
+from occviz.jobs.models import Event, Job
+from occviz.jobs.runner import run_job
 from occviz.jobs.tasks import LaunchRefused, create_job
 from occviz.scenarios import SCENARIOS
 from occviz.scenarios.base import DecimalNumberField, WholeNumberField
+from occviz.store.models import Counter
 from tests.helpers import events, run_counter
 
 # Digits int() and float() read as numbers ("\u0663" is 3), which occviz refuses.
@@ -176,8 +179,34 @@ def test_a_3_s_job_with_1_s_retry_waits_ends_by_4_s() -> None:
 
 @pytest.mark.django_db(transaction=True)
 def test_a_3_s_pessimistic_job_ends_by_4_s_however_long_the_lock_queue() -> None:
-    # Each writer holds the row lock for 2 s of think time: the queue behind it is 10 s long.
-    job = run_counter(strategy="pessimistic", writers=6, seconds=3, think_ms=2000, max_attempts=1000)
+    # A session outside the job takes the row's lock as soon as the row exists, and keeps it until a writer
+    # has given up waiting (8 s at most): every writer queues behind it. (A holder inside the job would let
+    # go at the deadline itself, racing its waiters' timeouts.) The job's settling waits for the lock too.
+    job = create_job("counter", {"strategy": "pessimistic", "writers": 6, "seconds": 3, "max_attempts": 1000})
+    held = threading.Event()
+
+    def hold() -> None:
+        try:
+            deadline = time.monotonic() + 10
+            while not Counter.objects.filter(job_id=job.pk).exists() and time.monotonic() < deadline:
+                time.sleep(0.002)
+            with transaction.atomic(), connection.cursor() as cursor:
+                cursor.execute("SELECT id FROM store_counter WHERE job_id = %s FOR UPDATE", [job.pk])
+                held.set()
+                given_up = Event.objects.filter(job_id=job.pk, kind="lock_timeout")
+                give_up = time.monotonic() + 8
+                while time.monotonic() < give_up and not given_up.exists():
+                    time.sleep(0.02)
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        job = run_job(job.pk)
+    finally:
+        holder.join()
+    assert held.is_set(), "the outside session never took the row's lock"
     assert job.status == Job.Status.SUCCEEDED, job.error
     assert job.summary["duration_s"] <= 4.0
     assert job.summary["invariant_ok"] is True
