@@ -26,6 +26,9 @@ def test_leak_and_repair_live(page: Page, app_url: str, teacher: User, artifacts
     page.click("[data-preset=leak-and-repair]")
     expect(page.locator("input[name=create_failure_rate]")).to_have_value("0.2")
     expect(page.locator("input[name=resync_seconds]")).to_have_value("2")
+    # The first resync later than the preset's, so that a page slow to open (a busy machine) still sees the leak.
+    page.fill("input[name=resync_seconds]", "5")
+    page.fill("input[name=seconds]", "8")
     page.click("button:has-text('Launch')")
     page.wait_for_url(re.compile(r"/jobs/\d+/$"))
     job_id = int(page.url.rstrip("/").rsplit("/", 1)[1])
