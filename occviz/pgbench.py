@@ -110,12 +110,16 @@ def run_pgbench(
     stop: threading.Event | None = None,
     host: str | None = None,
     threads: int | None = None,
+    rate: float | None = None,
+    transactions: int | None = None,
 ) -> PgbenchRun:
     """pgbench with `clients` clients for `seconds` on counter row `row_id`; PgbenchUnavailable if it cannot run.
 
     `stop`, when set, ends pgbench at once (within a tenth of a second). `host` replaces the
     database's host (a proxy's socket folder, for a latency). `threads`: pgbench's -j (default
-    `threads_for(clients)`), at most one per client.
+    `threads_for(clients)`), at most one per client. `rate`: transactions a second over all
+    the clients (pgbench's -R, on a Poisson schedule), instead of as many as they can.
+    `transactions`: each client makes this many and stops (pgbench's -t), instead of running `seconds`.
     """
     path = pgbench_path()
     with tempfile.NamedTemporaryFile("w", suffix=".sql", delete=False) as script:
@@ -127,7 +131,9 @@ def run_pgbench(
         process = subprocess.Popen(
             # -M prepared: the engine's writers prepare their statements too.
             [path, "-n", "-M", "prepared", "-c", str(clients), "-j", str(min(clients, threads or threads_for(clients)))]
-            + ["-T", str(seconds), "-f", script.name],
+            + (["-t", str(transactions)] if transactions else ["-T", str(seconds)])
+            + ["-f", script.name]
+            + (["-R", f"{rate:g}"] if rate else []),
             env={**pgbench_env(), **({"PGHOST": host} if host else {})},
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -149,10 +155,10 @@ def run_pgbench(
         raise PgbenchUnavailable(f"pgbench failed (exit {process.returncode}): {err.strip() or out.strip()}")
     committed = version_of(row_id) - before
     duration = re.search(r"duration: (\d+) s", out)
-    transactions = re.search(r"number of transactions actually processed: (\d+)", out)
+    processed = re.search(r"number of transactions actually processed: (\d+)", out)
     return PgbenchRun(
         clients,
         float(duration.group(1) if duration else seconds),
         committed,
-        int(transactions.group(1)) if transactions else committed,
+        int(processed.group(1)) if processed else committed,
     )

@@ -55,6 +55,9 @@ def test_a_small_class_on_a_student_link_sees_every_event_and_every_press_is_cou
     assert not counted.startswith("every press counted on its lane: 0 acknowledged"), "no press landed"
     assert figures["commits_per_s_alone_runs"][0] > 0 and figures["commits_per_s_watched_runs"][0] > 0
     assert figures["latency_ms"]["p95"] is not None
+    # The floor's round: as many presses as 2 a second fit in the job's 3 s less half a second, made by pgbench.
+    assert figures["floor_presses_runs"] == [5]
+    assert figures["floor_commits_per_s_runs"][0] > 0 and figures["floor_ratio"] is not None
 
 
 def test_the_floors_bare_writers_over_two_processes_lose_no_update_and_report_their_writes(database_url: str) -> None:

@@ -20,12 +20,19 @@ as a class does) as the student page's script does: over the student's open sock
 - whether every press the server acknowledged is counted by the job, on the student's own lane
   (and every 409 too), and none refused (a 503 "busy", while the job settles its accounts at
   its end, is counted apart: nothing was written).
+
+With students pressing, each round has a third side, the class's floor: the same job with the
+same student sockets open, and the same number of presses a second made by pgbench instead,
+on the job's counter, as the engine's read and compare-and-swap (`occviz.pgbench`): the
+cheapest press there is, with no seat, no rate, no log and no hand-off to the job. Its ratio to
+the job alone is as far as any press made by the web server could bring the class's ratio.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import random
 import statistics
@@ -35,6 +42,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.db import connection
 from django.middleware.csrf import _get_new_csrf_string
 
 from occviz.bench.classroom import follow_page
@@ -52,6 +60,8 @@ from occviz.bench.streaming import (
 from occviz.bench.wsclient import WsClient
 from occviz.jobs.models import Event, Job
 from occviz.jobs.tasks import launch
+from occviz.pgbench import run_pgbench
+from occviz.store.models import Counter
 from occviz.students import roster
 from occviz.students.models import StudentLink
 from occviz.students.tokens import token_for
@@ -61,6 +71,7 @@ LATENCY_TARGET_MS = 150.0
 RATIO_TARGET = 0.9
 PRESS_EVERY_S = 1.0
 PRESS_VIA = ("socket", "http")
+FLOOR_VIA = "pgbench"
 
 
 @dataclass
@@ -120,6 +131,8 @@ def students_bench(
     params = {"strategy": strategy, "writers": writers, "seconds": seconds, "max_attempts": 1000}
     alone: list[float] = []
     watched: list[float] = []
+    floor: list[float] = []
+    floored: list[int] = []
     latencies: list[float] = []
     viewers_complete = viewers_total = 0
     counted: list[str] = []
@@ -137,6 +150,10 @@ def students_bench(
             counted.append(_counted(job, presses))
             refused.extend(presses.refused)
             busy += presses.busy
+            if pressing:
+                floor_job, _, floor_presses = asyncio.run(_class_run(env, params, port, students, pressing, FLOOR_VIA))
+                floor.append(commits_per_s(floor_job))
+                floored.append(floor_presses.acknowledged[FLOOR_VIA])
     commits_alone, commits_watched = statistics.median(alone), statistics.median(watched)
     return {
         "students": students,
@@ -151,6 +168,9 @@ def students_bench(
         "commits_per_s_watched_runs": watched,
         "ratio": round(commits_watched / commits_alone, 3) if commits_alone else None,
         "ratio_target": RATIO_TARGET,
+        "floor_commits_per_s_runs": floor,
+        "floor_presses_runs": floored,
+        "floor_ratio": round(statistics.median(floor) / commits_alone, 3) if floor and commits_alone else None,
         "latency_ms": {
             "p50": percentile(latencies, 0.50),
             "p95": percentile(latencies, 0.95),
@@ -190,7 +210,9 @@ async def _class_run(
     worker = start_worker(env)
     while (await Job.objects.aget(pk=job.pk)).status == "queued":
         await asyncio.sleep(0.02)
-    if over_socket:
+    if press_via == FLOOR_VIA:
+        pressers = [asyncio.create_task(_pgbench_pressing(job, pressing, params["seconds"] - 0.5, presses))]
+    elif over_socket:
         pressers = [
             asyncio.create_task(_press_over_socket(client, follower, presses))
             for client, follower in zip(clients[:pressing], following, strict=False)
@@ -225,6 +247,23 @@ async def _press_over_socket(client: WsClient, follower: asyncio.Task[None], pre
         sent += 1
         client.send_text(json.dumps({"type": "press", "id": sent}))
         await asyncio.sleep(max(0.0, PRESS_EVERY_S - (time.monotonic() - started)))
+
+
+async def _pgbench_pressing(job: Job, rate: int, seconds: float, presses: Presses) -> None:
+    """The floor's presses: `rate` a second by pgbench on the job's counter from its making, as many as fit in
+    `seconds`, counted as acknowledged under FLOOR_VIA (pgbench's count, not a share of the row's versions)."""
+    while (counter := await Counter.objects.filter(job=job).order_by("pk").afirst()) is None:
+        await asyncio.sleep(0.01)
+    presses.acknowledged[FLOOR_VIA] += await asyncio.to_thread(_pgbench_presses, counter.pk, rate, seconds)
+
+
+def _pgbench_presses(row_id: int, rate: int, seconds: float) -> int:
+    try:
+        return run_pgbench(
+            row_id, 1, math.ceil(seconds), rate=rate, transactions=max(1, int(rate * seconds))
+        ).transactions
+    finally:
+        connection.close()  # this thread's, opened for the row's versions
 
 
 async def _press_every_second(port: int, token: str, seat: str, nickname: str, presses: Presses) -> None:

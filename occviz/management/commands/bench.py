@@ -259,9 +259,17 @@ class Command(BaseCommand):
             f"  watched: {_list(figures['commits_per_s_watched_runs'])} commits/s\n"
             f"  ratio watched / alone: {figures['ratio']:.2f} (target >= {figures['ratio_target']:.2f}); "
             f"{figures['complete']}\n"
-            f"  event-to-student latency: p50 {latency['p50']} ms, p95 {latency['p95']} ms "
+            + (
+                f"  floor, the same sockets and {figures['pressing']} presses a second by pgbench, the cheapest "
+                f"press ({_list(figures['floor_presses_runs'])} made): "
+                f"{_list(figures['floor_commits_per_s_runs'])} commits/s; "
+                f"ratio floor / alone {figures['floor_ratio']:.2f}\n"
+                if figures["floor_ratio"] is not None
+                else ""
+            )
+            + f"  event-to-student latency: p50 {latency['p50']} ms, p95 {latency['p95']} ms "
             f"(target p95 <= {latency['target_p95']:g} ms)\n"
-            f"  presses: {'; '.join(figures['presses_counted'])}; refused: {figures['refused_count']} "
+            f"  presses, each round: {'; '.join(figures['presses_counted'])}; refused: {figures['refused_count']} "
             f"{figures['refused']}; "
             f"busy (503, the job settling): {figures['busy']}"
         )
