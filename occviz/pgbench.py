@@ -112,6 +112,7 @@ def run_pgbench(
     threads: int | None = None,
     rate: float | None = None,
     transactions: int | None = None,
+    settings: dict[str, str] | None = None,
 ) -> PgbenchRun:
     """pgbench with `clients` clients for `seconds` on counter row `row_id`; PgbenchUnavailable if it cannot run.
 
@@ -120,6 +121,7 @@ def run_pgbench(
     `threads_for(clients)`), at most one per client. `rate`: transactions a second over all
     the clients (pgbench's -R, on a Poisson schedule), instead of as many as they can.
     `transactions`: each client makes this many and stops (pgbench's -t), instead of running `seconds`.
+    `settings`: PostgreSQL settings for pgbench's sessions (`{"synchronous_commit": "off"}`).
     """
     path = pgbench_path()
     with tempfile.NamedTemporaryFile("w", suffix=".sql", delete=False) as script:
@@ -134,7 +136,15 @@ def run_pgbench(
             + (["-t", str(transactions)] if transactions else ["-T", str(seconds)])
             + ["-f", script.name]
             + (["-R", f"{rate:g}"] if rate else []),
-            env={**pgbench_env(), **({"PGHOST": host} if host else {})},
+            env={
+                **pgbench_env(),
+                **({"PGHOST": host} if host else {}),
+                **(
+                    {"PGOPTIONS": " ".join(f"-c {name}={value}" for name, value in settings.items())}
+                    if settings
+                    else {}
+                ),
+            },
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

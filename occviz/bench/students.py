@@ -259,8 +259,14 @@ async def _pgbench_pressing(job: Job, rate: int, seconds: float, presses: Presse
 
 def _pgbench_presses(row_id: int, rate: int, seconds: float) -> int:
     try:
+        # Its commits do not wait for their WAL flush, as a press's do not: the row is not held through an fsync.
         return run_pgbench(
-            row_id, 1, math.ceil(seconds), rate=rate, transactions=max(1, int(rate * seconds))
+            row_id,
+            1,
+            math.ceil(seconds),
+            rate=rate,
+            transactions=max(1, int(rate * seconds)),
+            settings={"synchronous_commit": "off"},
         ).transactions
     finally:
         connection.close()  # this thread's, opened for the row's versions
