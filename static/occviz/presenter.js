@@ -136,9 +136,27 @@
     return `${rates.style.getPropertyValue("--chart-height")} ${viz.classList.contains("cramped")}` !== before;
   }
 
+  /** The key moments under the caption: shown while their heading and the first line of the first moment fit under
+      it, else not at all, rather than a heading cut in half (on a projector's 720 lines a tall state leaves the
+      caption little room). */
+  function fitKeyMoments() {
+    const box = document.querySelector("#captions .key-moments");
+    if (!box) return;
+    let fits = true;
+    if (presenting() && box.getClientRects().length) {
+      const bottom = box.getBoundingClientRect().bottom + 1;
+      const title = box.querySelector("h2");
+      const first = [...box.querySelectorAll("#key-moments li, [data-key-moments-empty]")].find((el) => el.getClientRects().length);
+      const line = first ? parseFloat(getComputedStyle(first).fontSize) * 1.3 : 0;
+      fits = title.getBoundingClientRect().bottom <= bottom && (!first || first.getBoundingClientRect().top + line <= bottom);
+    }
+    box.classList.toggle("unfit", !fits);
+  }
+
   function onResize() {
     fitCanvasText();
     fitCharts();
+    fitKeyMoments();
   }
 
   /** In presenter mode, only what this job has: figures still at zero and kinds not yet seen are left out. */
@@ -408,6 +426,7 @@
       markActorRows();
       if (presenting()) quieten();
       if (presenting() && fitCharts()) window.dispatchEvent(new Event("resize"));
+      fitKeyMoments();
       if (presenting()) for (const li of document.querySelectorAll("#live-log li")) if (!declared.has(li)) recolourOne(li, true);
       const note = document.querySelector("#actor-controls [data-control-note]");
       const text = note ? note.textContent.trim() : "";
@@ -457,6 +476,8 @@
       for (const canvas of document.querySelectorAll(".viz canvas:not([data-rates])")) refit.observe(canvas);
       const viz = document.querySelector(".job-page > .viz");
       if (viz) refit.observe(viz);
+      const moments = document.querySelector("#captions .key-moments");
+      if (moments) new ResizeObserver(fitKeyMoments).observe(moments);
     }
     watchSwaps();
     markActorRows();

@@ -61,13 +61,19 @@ OFF_SCREEN = """() => {
 }"""
 
 
-# What a class must see whole, neither off the screen nor cut by the box it sits in.
-KEY_PARTS = "#live-status, #live-figures, #live-state pre, #live-state tr, #live-state p, .viz canvas"
+# What a class must see whole, neither off the screen nor cut by the box it sits in: with the caption, and the
+# key moments' heading under it, or none of the key moments (at 1280x720 the Lease's state once left the caption
+# a line short, and the quota's left the heading half shown).
+KEY_PARTS = (
+    "#live-status, #live-figures, #live-state pre, #live-state tr, #live-state p, .viz canvas,"
+    " #captions .caption-now, #key-moments-title"
+)
 
 CUT = """(selector) => {
   const out = [];
   for (const el of document.querySelectorAll(selector)) {
-    if (!el.getClientRects().length) continue;  // not shown (nothing of it, or hidden on purpose)
+    // not shown (nothing of it, or hidden on purpose)
+    if (!el.getClientRects().length || !el.checkVisibility({ visibilityProperty: true })) continue;
     const r = el.getBoundingClientRect();
     let box = { left: 0, top: 0, right: window.innerWidth, bottom: window.innerHeight };
     for (let a = el.parentElement; a && a !== document.body; a = a.parentElement) {
@@ -148,6 +154,9 @@ def test_presenter_mode_shows_a_job_and_its_replay_on_one_screen(
     expect(page.locator(".params-section")).to_be_hidden()
     expect(page.locator("#student-link")).to_be_hidden()
     assert_fits(page, f"{slug}-presenting")
+    # The finished job's key moments have room under its caption, even on a projector's 720 lines.
+    expect(page.locator("#captions .key-moments")).not_to_have_class(re.compile(r"\bunfit\b"))
+    expect(page.locator("#key-moments li").first).to_be_visible()
     page.set_viewport_size({"width": 1400, "height": 900})
     assert_fits(page, f"{slug}-presenting")
     page.set_viewport_size({"width": 1280, "height": 720})
