@@ -29,7 +29,8 @@ once on one live job, 200 of them drop and reopen from seq 0 (`--class-sockets`,
 students: a class on a student link (`occviz.bench.students.students_bench`): 60 student
 pages' sockets on one live `none` job, 30 of them pressing +1 once a second (`--students`,
 `--students-pressing`, `--students-seconds`), against the same job alone; the students' latency,
-whether each saw every event once, and whether the job counted every press.
+whether each saw every event once, and whether the job counted every press. Each round also runs
+the class's floor: the same sockets, with as many presses a second made by pgbench.
 
 `--part` picks the parts (`--part streaming browser`); all seven run by default.
 
