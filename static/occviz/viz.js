@@ -495,17 +495,32 @@
       const px = textPx(this.canvas);
       const left = Math.round(px * 4.6);
       const bottom = height - Math.round(px * 1.8);
-      const top = 10;
       const plotW = width - left - 10;
       const per = 1000 / series.bin_ms;
       const kinds = Object.keys(series.rates);
+      ctx.font = `${px}px system-ui, sans-serif`;
+      // The legend goes above the plot, on as many rows as it needs: drawn over it, it hid the highest rates.
+      const rowH = Math.round(px * 1.25);
+      const legend = [];
+      let labelX = left + 8;
+      let row = 0;
+      for (const kind of kinds) {
+        const label = this.vocabulary.kind(kind).label + "/s";
+        const labelW = ctx.measureText(label).width + LEGEND_LINE;
+        if (labelX > left + 8 && labelX + labelW > left + plotW) {
+          labelX = left + 8; // a legend wider than the chart goes on to a second row
+          row += 1;
+        }
+        legend.push({ label, x: labelX, y: 4 + Math.round(px * 0.6) + row * rowH });
+        labelX += labelW + 16;
+      }
+      const top = kinds.length ? 4 + (row + 1) * rowH + 8 : 10;
       const n = Math.max(0, ...kinds.map((k) => series.rates[k].length));
       const xMax = Math.max(xMaxMs || 0, n * series.bin_ms, 1);
       const ymax = niceMax(yMax != null ? yMax : RateChart.maxRate(series));
       const x = (t) => left + (t / xMax) * plotW;
       const y = (v) => bottom - (v / ymax) * (bottom - top);
       ctx.clearRect(0, 0, width, height);
-      ctx.font = `${px}px system-ui, sans-serif`;
       ctx.fillStyle = "#4a5568";
       ctx.strokeStyle = "#d5dae1";
       ctx.lineWidth = 1;
@@ -528,8 +543,6 @@
         ctx.fillText(label, Math.min(x(t), width - 2 - ctx.measureText(label).width / 2), bottom + px);
       }
       ctx.textAlign = "left";
-      let labelX = left + 8;
-      let labelY = top + px * 0.7;
       let lines = 0;
       kinds.forEach((kind, k) => {
         const color = this.vocabulary.color(kind);
@@ -548,21 +561,15 @@
         points.forEach(([px, py], i) => (i === 0 ? ctx.moveTo(px, py) : ctx.lineTo(px, py)));
         ctx.stroke();
         if (points.length > 1) lines += 1;
-        const label = this.vocabulary.kind(kind).label + "/s";
-        const labelW = ctx.measureText(label).width + LEGEND_LINE;
-        if (labelX > left + 8 && labelX + labelW > left + plotW) {
-          labelX = left + 8; // a legend wider than the chart goes on to a second line
-          labelY += Math.round(px * 1.25);
-        }
         // The legend shows each line's dash too: the lines are told apart by more than colour.
+        const { label, x: lx, y: ly } = legend[k];
         ctx.beginPath();
-        ctx.moveTo(labelX, labelY);
-        ctx.lineTo(labelX + LEGEND_LINE - 6, labelY);
+        ctx.moveTo(lx, ly);
+        ctx.lineTo(lx + LEGEND_LINE - 6, ly);
         ctx.stroke();
         ctx.setLineDash([]);
         ctx.fillStyle = color;
-        ctx.fillText(label, labelX + LEGEND_LINE, labelY);
-        labelX += labelW + 16;
+        ctx.fillText(label, lx + LEGEND_LINE, ly);
       });
       if (cursor != null) {
         ctx.strokeStyle = "#111";

@@ -197,7 +197,7 @@ def test_replay_scrubs_to_any_moment(page: Page, app_url: str, teacher: User, ar
     expect(page.locator("[data-play]")).to_have_text("Play")
 
 
-def test_compare_two_finished_jobs(page: Page, app_url: str, teacher: User) -> None:
+def test_compare_two_finished_jobs(page: Page, app_url: str, teacher: User, artifacts: Path) -> None:
     jobs = [
         run_job(create_job("counter", {"strategy": s, "writers": 4, "increments": 20, "think_ms": 1}, teacher).pk)
         for s in ("occ", "pessimistic")
@@ -210,6 +210,10 @@ def test_compare_two_finished_jobs(page: Page, app_url: str, teacher: User) -> N
     expect(page.locator("[data-compare-chart]")).to_have_count(2)
     assert canvas_has_marks(page, '[data-compare-chart="0"]')
     assert canvas_has_marks(page, '[data-compare-chart="1"]')
+    for width, height in ((1400, 900), (1280, 720)):
+        page.set_viewport_size({"width": width, "height": height})
+        page.wait_for_timeout(300)  # the charts redrawn at their new width
+        page.screenshot(path=str(artifacts / f"compare-{width}x{height}.png"), full_page=True)
 
 
 def test_a_finished_job_page_draws_its_stored_events_and_hover_explains_a_mark(
