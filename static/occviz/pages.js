@@ -82,7 +82,8 @@
       const t0 = finished || t1 <= 10000 ? 0 : t1 - 10000;
       timeline.draw(model, { t0, t1, events: model.events });
       // While the timeline shows the whole run, the chart below it spans the run too (to its last bin's end).
-      if (rates) rates.draw(t0 === 0 ? model.series(t1) : model.series(), t0 === 0 ? { xMaxMs: t1 } : {});
+      const span = t0 === 0 ? t1 : undefined;
+      if (rates) rates.draw(model.series(span), { xMaxMs: span });
       // The last event drawn, readable from outside (tests, a curious user's dev tools).
       page.dataset.lastSeq = String(model.lastSeq);
       if (note && model.dropped) note.textContent = `The timeline shows the latest ${model.events.length} events; counters and rates count all ${model.lastSeq}.`;

@@ -558,7 +558,7 @@
             ? [[x(0), y(values[0] * per)], [x(series.bin_ms), y(values[0] * per)]]
             : values.map((count, i) => [x((i + 0.5) * series.bin_ms), y(count * per)]);
         ctx.beginPath();
-        points.forEach(([px, py], i) => (i === 0 ? ctx.moveTo(px, py) : ctx.lineTo(px, py)));
+        points.forEach(([cx, cy], i) => (i === 0 ? ctx.moveTo(cx, cy) : ctx.lineTo(cx, cy)));
         ctx.stroke();
         if (points.length > 1) lines += 1;
         // The legend shows each line's dash too: the lines are told apart by more than colour.
